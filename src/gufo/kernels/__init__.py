@@ -1,0 +1,1 @@
+"""Compute kernels chosen by a registry keyed by (backend, op, qtype)."""

@@ -1,0 +1,1 @@
+"""Model architectures, one module each, selected by `general.architecture`."""

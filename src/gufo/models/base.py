@@ -1,0 +1,161 @@
+"""Decoder-only transformer skeleton shared by the architectures; each arch module fills in its blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from gufo.gguf.model_file import ModelFile
+from gufo.models.layers import Embedding, Linear, Rope, attention, rms_norm, vector
+from gufo.runtime.kv_cache import KVCache
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    n_layers: int
+    n_embd: int
+    n_ff: int
+    n_heads: int
+    n_kv_heads: int
+    key_dim: int
+    value_dim: int
+    vocab_size: int
+    context_length: int
+    rms_eps: float
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def from_file(cls, mf: ModelFile) -> ModelConfig:
+        n_embd = int(mf.arch_key("embedding_length"))
+        n_heads = int(mf.arch_key("attention.head_count"))
+        head_dim = n_embd // n_heads
+        vocab = mf.arch_key("vocab_size", None) or len(mf.require("tokenizer.ggml.tokens"))
+        n_kv = mf.arch_key("attention.head_count_kv", n_heads)
+        return cls(
+            architecture=mf.architecture,
+            n_layers=int(mf.arch_key("block_count")),
+            n_embd=n_embd,
+            n_ff=int(mf.arch_key("feed_forward_length")),
+            n_heads=n_heads,
+            n_kv_heads=int(n_kv),
+            key_dim=int(mf.arch_key("attention.key_length", head_dim)),
+            value_dim=int(mf.arch_key("attention.value_length", head_dim)),
+            vocab_size=int(vocab),
+            context_length=int(mf.arch_key("context_length")),
+            rms_eps=float(mf.arch_key("attention.layer_norm_rms_epsilon")),
+        )
+
+
+class SelfAttention:
+    """Projections, optional per-head QK RMSNorm, RoPE, cached attention, output projection."""
+
+    def __init__(
+        self,
+        mf: ModelFile,
+        prefix: str,
+        cfg: ModelConfig,
+        backend: str,
+        rope: Rope,
+        scale: float,
+        qk_norm: bool,
+        window: int | None = None,
+    ):
+        self.q = Linear(mf, f"{prefix}.attn_q.weight", backend)
+        self.k = Linear(mf, f"{prefix}.attn_k.weight", backend)
+        self.v = Linear(mf, f"{prefix}.attn_v.weight", backend)
+        self.o = Linear(mf, f"{prefix}.attn_output.weight", backend)
+        self.q_norm = vector(mf, f"{prefix}.attn_q_norm.weight") if qk_norm else None
+        self.k_norm = vector(mf, f"{prefix}.attn_k_norm.weight") if qk_norm else None
+        self.cfg, self.rope, self.scale, self.window = cfg, rope, scale, window
+
+    def __call__(
+        self, x: torch.Tensor, rope_tables: tuple[torch.Tensor, torch.Tensor], cache: KVCache, layer: int,
+        slot: int, start_pos: int,
+    ) -> torch.Tensor:
+        cfg, n = self.cfg, x.shape[0]
+        q = self.q(x).view(n, cfg.n_heads, cfg.key_dim)
+        k = self.k(x).view(n, cfg.n_kv_heads, cfg.key_dim)
+        v = self.v(x).view(n, cfg.n_kv_heads, cfg.value_dim)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, cfg.rms_eps)
+            k = rms_norm(k, self.k_norm, cfg.rms_eps)
+        q = self.rope.apply(q, *rope_tables)
+        k = self.rope.apply(k, *rope_tables)
+        out = attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window)
+        return self.o(out)
+
+
+class GatedFFN:
+    """down(act(gate(x)) * up(x)): SwiGLU with silu, GeGLU with tanh-GELU."""
+
+    def __init__(self, mf: ModelFile, prefix: str, backend: str, act: Callable[[torch.Tensor], torch.Tensor]):
+        self.gate = Linear(mf, f"{prefix}.ffn_gate.weight", backend)
+        self.up = Linear(mf, f"{prefix}.ffn_up.weight", backend)
+        self.down = Linear(mf, f"{prefix}.ffn_down.weight", backend)
+        self.act = act
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.gate(x)) * self.up(x))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return F.silu(x)
+
+
+class DecoderModel:
+    """Embedding -> blocks -> final norm -> output projection. Subclasses build `blocks` and `ropes`."""
+
+    embedding_scale: float = 1.0
+
+    def __init__(self, mf: ModelFile, cfg: ModelConfig, backend: str):
+        self.config = cfg
+        self.backend = backend
+        self.embedding = Embedding(mf, "token_embd.weight")
+        self.output_norm = vector(mf, "output_norm.weight")
+        output_name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
+        self.output = Linear(mf, output_name, backend)
+        self.ropes: list[Rope] = []
+
+    def block(
+        self, index: int, x: torch.Tensor, tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]],
+        cache: KVCache, slot: int, start_pos: int,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache, slot: int, start_pos: int, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Run tokens (1-D) at positions start_pos.. of `slot`; logits [T, vocab] or [1, vocab] (last)."""
+        x = self.embedding(tokens)
+        if self.embedding_scale != 1.0:
+            x = x * self.embedding_scale
+        positions = torch.arange(start_pos, start_pos + tokens.shape[0])
+        tables = {rope: rope.tables(positions) for rope in self.ropes}
+        for index in range(self.config.n_layers):
+            x = self.block(index, x, tables, cache, slot, start_pos)
+        if not all_logits:
+            x = x[-1:]
+        return self.output(rms_norm(x, self.output_norm, self.config.rms_eps))
+
+    def routes(self) -> dict[str, str]:
+        """Which kernel family ran each linear qtype (for reports)."""
+        found: dict[str, str] = {}
+        for obj in self._linears():
+            found.setdefault(f"linear.{obj.qtype.name}", f"{obj.route}:{obj.kernel.name}")
+        return found
+
+    def _linears(self) -> list[Linear]:
+        seen: list[Linear] = [self.output]
+        stack: list[object] = list(getattr(self, "layers", []))
+        while stack:
+            obj = stack.pop()
+            for value in vars(obj).values():
+                if isinstance(value, Linear):
+                    seen.append(value)
+                elif isinstance(value, SelfAttention | GatedFFN):
+                    stack.append(value)
+        return seen

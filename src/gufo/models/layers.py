@@ -1,0 +1,122 @@
+"""Building blocks shared by the architectures (torch, float32 activations)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gufo.gguf.model_file import ModelFile
+from gufo.kernels import registry
+from gufo.kernels.linear_reference import dequantize_tensor
+from gufo.runtime.kv_cache import KVCache
+
+
+class Linear:
+    """A GGUF weight matrix kept in the layout its kernel wants; the route is recorded for reports."""
+
+    def __init__(self, model_file: ModelFile, name: str, backend: str):
+        info = model_file.tensor(name)
+        self.name = name
+        self.qtype = info.qtype
+        self.out_features, self.in_features = info.shape
+        self.route, self.kernel = registry.lookup(backend, "linear", info.qtype)
+        self.weight = self.kernel.prepare(info)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel.apply(x, self.weight)
+
+
+class Embedding:
+    """Token embedding looked up from the quantized rows (only the requested rows are dequantized)."""
+
+    def __init__(self, model_file: ModelFile, name: str):
+        self.info = model_file.tensor(name)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        return dequantize_tensor(self.info, rows=tokens)
+
+
+def vector(model_file: ModelFile, name: str) -> torch.Tensor:
+    """A small float tensor (norm weights), copied out of the map as float32."""
+    return dequantize_tensor(model_file.tensor(name)).reshape(-1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Rotary embedding. `neox` rotates halves (x[i], x[i+d/2]); otherwise adjacent pairs (GGML mode 0)."""
+
+    dim: int
+    base: float
+    neox: bool
+    scale: float = 1.0  # linear position scaling (positions are divided by it)
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.dim, 2, dtype=torch.float64) / self.dim))
+        angles = positions.to(torch.float64)[:, None] / self.scale * inv_freq[None, :]
+        return angles.cos().to(torch.float32), angles.sin().to(torch.float32)
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim]; cos/sin: [T, dim/2]."""
+        rot, rest = x[..., : self.dim], x[..., self.dim :]
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        if self.neox:
+            a, b = rot[..., : self.dim // 2], rot[..., self.dim // 2 :]
+            out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+        else:
+            a, b = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+        return torch.cat((out, rest), dim=-1) if rest.numel() else out
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    slot: int,
+    start_pos: int,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Causal (optionally sliding-window) GQA attention over the cache after appending k, v.
+
+    q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H * D].
+    """
+    n_tokens = q.shape[0]
+    keys, values = cache.append(layer, slot, start_pos, k, v)
+    end = start_pos + n_tokens
+    first = 0 if window is None else max(0, end - n_tokens - window + 1)
+    keys, values = keys[:, first:end], values[:, first:end]
+    mask = None
+    if n_tokens > 1 or window is not None:
+        q_pos = torch.arange(start_pos, end)[:, None]
+        k_pos = torch.arange(first, end)[None, :]
+        allowed = k_pos <= q_pos
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        mask = allowed
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1).reshape(n_tokens, -1)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def default_attention_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

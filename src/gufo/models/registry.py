@@ -1,0 +1,39 @@
+"""Architecture registry keyed by `general.architecture`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from gufo.errors import BadInputError
+from gufo.gguf.model_file import ModelFile
+
+ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3")
+_ARCHITECTURES: dict[str, Callable[[ModelFile, str], Any]] = {}
+
+
+def register_architecture(name: str) -> Callable[[Any], Any]:
+    def decorate(cls: Any) -> Any:
+        _ARCHITECTURES[name] = cls
+        return cls
+
+    return decorate
+
+
+def known_architectures() -> list[str]:
+    for module in ARCHITECTURE_MODULES:
+        importlib.import_module(f"gufo.models.{module}")
+    return sorted(_ARCHITECTURES)
+
+
+def check_architecture(mf: ModelFile) -> str:
+    arch = mf.architecture
+    known = known_architectures()
+    if arch not in _ARCHITECTURES:
+        raise BadInputError(f"{mf.label}: unknown architecture '{arch}' (supported: {', '.join(known)})")
+    return arch
+
+
+def build_model(mf: ModelFile, backend: str) -> Any:
+    return _ARCHITECTURES[check_architecture(mf)](mf, backend)

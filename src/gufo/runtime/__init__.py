@@ -1,0 +1,1 @@
+"""Runtime: KV cache slots, prefill, decode, sampling, token traces."""
