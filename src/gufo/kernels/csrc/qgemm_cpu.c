@@ -1,0 +1,150 @@
+/* Quantized matrix products for the CPU backend (AVX2 + FMA).
+ *
+ * Weights are GGUF blocks unpacked once at load into 8-bit integers with one float scale per group
+ * of G = 16 or 32 columns and an optional float offset per group (w = q * scale + offset).
+ * Activations are quantized per 32 columns to int8 (x ~ xq * xs), as llama.cpp does, so a dot product
+ * is an integer dot per block times two scales, plus offset * (sum of the block's activations).
+ *
+ * Unsigned weights (q + shift fits 0..127, formats of at most 7 bits) feed _mm256_maddubs_epi16
+ * directly; the shift is folded into the offsets at load. Signed 8-bit weights (Q8_0) use the
+ * abs/sign trick so the int16 pair sums cannot saturate.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define QK 32
+
+static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* x [M][K] float -> xq [M][K] int8, xs [M][K/32] scales, xsum16 [M][K/16] and xsum32 [M][K/32]
+ * sums of the dequantized (xq * xs) values. */
+void gufo_quantize_act(int M, int K, const float *x, int8_t *xq, float *xs, float *xsum16, float *xsum32) {
+    const int nb = K / QK;
+#pragma omp parallel for schedule(static) if (M > 4)
+    for (int m = 0; m < M; m++) {
+        for (int b = 0; b < nb; b++) {
+            const float *src = x + (size_t)m * K + b * QK;
+            int8_t *dst = xq + (size_t)m * K + b * QK;
+            float amax = 0.0f;
+            for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(src[i]));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            int s0 = 0, s1 = 0;
+            for (int i = 0; i < QK; i++) {
+                int q = (int)nearbyintf(src[i] * id);
+                dst[i] = (int8_t)q;
+                if (i < 16) s0 += q; else s1 += q;
+            }
+            xs[(size_t)m * nb + b] = d;
+            xsum16[(size_t)m * nb * 2 + 2 * b] = d * (float)s0;
+            xsum16[(size_t)m * nb * 2 + 2 * b + 1] = d * (float)s1;
+            xsum32[(size_t)m * nb + b] = d * (float)(s0 + s1);
+        }
+    }
+}
+
+static inline __m256i dot_u8s8(__m256i w, __m256i x, __m256i ones) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+}
+
+static inline __m256i dot_s8s8(__m256i w, __m256i x, __m256i ones) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones);
+}
+
+/* Per-block weight scale vector: 8 int32 lanes hold pair sums of columns [4l, 4l+4); lanes 0-3 cover
+ * the first 16 columns, lanes 4-7 the next 16. */
+static inline __m256 weight_scale(const float *ws, int b, int group) {
+    if (group == 32) return _mm256_set1_ps(ws[b]);
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(ws[2 * b])), _mm_set1_ps(ws[2 * b + 1]), 1);
+}
+
+#define TILE_FN(NAME, RM, RN, DOT)                                                                       \
+    static inline void NAME(int K, int group, const int8_t *xq, const float *xs, const uint8_t *w,        \
+                            const float *ws, int ldy, float *y, int m0, int n0) {                         \
+        const int nb = K / QK, ng = K / group;                                                            \
+        const __m256i ones = _mm256_set1_epi16(1);                                                        \
+        __m256 acc[RM][RN];                                                                               \
+        for (int i = 0; i < RM; i++)                                                                      \
+            for (int j = 0; j < RN; j++) acc[i][j] = _mm256_setzero_ps();                                 \
+        for (int b = 0; b < nb; b++) {                                                                    \
+            __m256i wv[RN];                                                                               \
+            __m256 sv[RN];                                                                                \
+            for (int j = 0; j < RN; j++) {                                                                \
+                wv[j] = _mm256_loadu_si256((const __m256i *)(w + (size_t)(n0 + j) * K + b * QK));         \
+                sv[j] = weight_scale(ws + (size_t)(n0 + j) * ng, b, group);                               \
+            }                                                                                             \
+            for (int i = 0; i < RM; i++) {                                                                \
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (size_t)(m0 + i) * K + b * QK)); \
+                const __m256 xsv = _mm256_set1_ps(xs[(size_t)(m0 + i) * nb + b]);                         \
+                for (int j = 0; j < RN; j++) {                                                            \
+                    const __m256 p = _mm256_cvtepi32_ps(DOT(wv[j], xv, ones));                            \
+                    acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(sv[j], xsv), acc[i][j]);                 \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int i = 0; i < RM; i++)                                                                      \
+            for (int j = 0; j < RN; j++) y[(size_t)(m0 + i) * ldy + n0 + j] = hsum256(acc[i][j]);         \
+    }
+
+TILE_FN(tile_u_4x2, 4, 2, dot_u8s8)
+TILE_FN(tile_u_1x4, 1, 4, dot_u8s8)
+TILE_FN(tile_u_1x1, 1, 1, dot_u8s8)
+TILE_FN(tile_s_4x2, 4, 2, dot_s8s8)
+TILE_FN(tile_s_1x4, 1, 4, dot_s8s8)
+TILE_FN(tile_s_1x1, 1, 1, dot_s8s8)
+
+#define ROW_BLOCK 16
+
+/* y [M][N] = x [M][K] @ W[N][K]^T, with W = q * ws (+ woff), x quantized by gufo_quantize_act.
+ * xsum is xsum16 when group == 16, else xsum32. woff may be NULL. */
+void gufo_qgemm(int M, int N, int K, int group, int signed_weights, const int8_t *xq, const float *xs,
+                const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y) {
+    const int ng = K / group;
+    const int n_blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int nbk = 0; nbk < n_blocks; nbk++) {
+        const int n_start = nbk * ROW_BLOCK;
+        const int n_end = n_start + ROW_BLOCK < N ? n_start + ROW_BLOCK : N;
+        int m0 = 0;
+        for (; m0 + 4 <= M; m0 += 4) {
+            int n0 = n_start;
+            for (; n0 + 2 <= n_end; n0 += 2) {
+                if (signed_weights) tile_s_4x2(K, group, xq, xs, w, ws, N, y, m0, n0);
+                else tile_u_4x2(K, group, xq, xs, w, ws, N, y, m0, n0);
+            }
+            for (; n0 < n_end; n0++)
+                for (int i = 0; i < 4; i++) {
+                    if (signed_weights) tile_s_1x1(K, group, xq, xs, w, ws, N, y, m0 + i, n0);
+                    else tile_u_1x1(K, group, xq, xs, w, ws, N, y, m0 + i, n0);
+                }
+        }
+        for (; m0 < M; m0++) {
+            int n0 = n_start;
+            for (; n0 + 4 <= n_end; n0 += 4) {
+                if (signed_weights) tile_s_1x4(K, group, xq, xs, w, ws, N, y, m0, n0);
+                else tile_u_1x4(K, group, xq, xs, w, ws, N, y, m0, n0);
+            }
+            for (; n0 < n_end; n0++) {
+                if (signed_weights) tile_s_1x1(K, group, xq, xs, w, ws, N, y, m0, n0);
+                else tile_u_1x1(K, group, xq, xs, w, ws, N, y, m0, n0);
+            }
+        }
+        if (woff != NULL) {
+            for (int m = 0; m < M; m++)
+                for (int n = n_start; n < n_end; n++) {
+                    const float *o = woff + (size_t)n * ng, *s = xsum + (size_t)m * ng;
+                    float acc = 0.0f;
+                    for (int g = 0; g < ng; g++) acc += o[g] * s[g];
+                    y[(size_t)m * N + n] += acc;
+                }
+        }
+    }
+}

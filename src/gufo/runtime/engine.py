@@ -1,0 +1,150 @@
+"""Engine: a loaded model, its tokenizer and KV cache slots; prefill, decode and generation.
+
+The CLI, the server and the benchmark all drive this object.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gufo.errors import BadInputError
+from gufo.gguf.aliases import resolve_model
+from gufo.gguf.model_file import ModelFile, open_model_file
+from gufo.kernels import backends
+from gufo.models.registry import build_model, check_architecture
+from gufo.quant import unsupported_reason
+from gufo.runtime.kv_cache import KVCache
+from gufo.runtime.sampling import Sampler, SamplingParams
+from gufo.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT = 4096
+DEFAULT_BATCH = 2048
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    generated_ids: list[int] = field(default_factory=list)
+    prompt_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    stopped_by: str = "length"  # "eog" or "length"
+
+    @property
+    def prompt_tps(self) -> float:
+        return len(self.prompt_ids) / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        # The first generated token comes from the prefill's logits; the rest each cost one decode step.
+        steps = max(len(self.generated_ids) - 1, 0)
+        return steps / self.generation_seconds if self.generation_seconds else 0.0
+
+
+def check_supported_types(mf: ModelFile) -> None:
+    for info in mf.tensors.values():
+        reason = unsupported_reason(info.qtype)
+        if reason is not None:
+            raise BadInputError(f"{mf.label}: tensor {info.name}: {reason}")
+
+
+class Engine:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        device: str = "cpu",
+        context: int | None = None,
+        n_slots: int = 1,
+        batch_size: int = DEFAULT_BATCH,
+        threads: int | None = None,
+    ):
+        self.path = resolve_model(str(model) if model is not None else None)
+        self.file = open_model_file(self.path)
+        check_architecture(self.file)
+        check_supported_types(self.file)
+        self.device = device
+        self.backend = backends.select(device)
+        if threads:
+            torch.set_num_threads(threads)
+        self.tokenizer = Tokenizer.from_gguf(self.file.metadata)
+        started = time.perf_counter()
+        self.model = build_model(self.file, self.backend)
+        self.load_seconds = time.perf_counter() - started
+        cfg = self.model.config
+        self.context = min(context or DEFAULT_CONTEXT, cfg.context_length)
+        if batch_size <= 0:
+            raise BadInputError(f"--batch-size must be positive, got {batch_size}")
+        self.batch_size = batch_size
+        self.cache = KVCache(
+            cfg.n_layers, n_slots, cfg.n_kv_heads, self.context, cfg.key_dim, cfg.value_dim
+        )
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def check_fits(self, n_tokens: int) -> None:
+        if n_tokens > self.context:
+            raise BadInputError(f"prompt of {n_tokens} tokens does not fit the context size {self.context}")
+
+    @torch.inference_mode()
+    def prefill(self, tokens: Sequence[int], slot: int = 0, start: int = 0, all_logits: bool = False) -> torch.Tensor:
+        """Run tokens through the model in chunks of `batch_size`; logits of the last (or every) token."""
+        self.check_fits(start + len(tokens))
+        if not tokens:
+            raise BadInputError("empty prompt: nothing to evaluate")
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        outputs = []
+        for begin in range(0, len(tokens), self.batch_size):
+            chunk = ids[begin : begin + self.batch_size]
+            is_last = begin + self.batch_size >= len(tokens)
+            logits = self.model.forward(chunk, self.cache, slot, start + begin, all_logits=all_logits)
+            if all_logits or is_last:
+                outputs.append(logits)
+        return torch.cat(outputs) if all_logits else outputs[-1][-1]
+
+    @torch.inference_mode()
+    def decode(self, token: int, position: int, slot: int = 0) -> torch.Tensor:
+        self.check_fits(position + 1)
+        return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1]
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        params: SamplingParams,
+        stop_at_eog: bool = True,
+        on_token: Callable[[int], None] | None = None,
+        slot: int = 0,
+    ) -> GenerationResult:
+        result = GenerationResult(list(prompt_ids))
+        self.check_fits(len(prompt_ids) + max(max_tokens - 1, 0))
+        sampler = Sampler(params)
+        started = time.perf_counter()
+        logits = self.prefill(prompt_ids, slot)
+        result.prompt_seconds = time.perf_counter() - started
+        history = list(prompt_ids)
+        started = time.perf_counter()
+        position = len(prompt_ids)
+        for step in range(max_tokens):
+            token = sampler(logits, history)
+            result.generated_ids.append(token)
+            history.append(token)
+            if on_token is not None:
+                on_token(token)
+            if stop_at_eog and token in self.tokenizer.eog_ids:
+                result.stopped_by = "eog"
+                break
+            if step + 1 == max_tokens:
+                break
+            logits = self.decode(token, position, slot)
+            position += 1
+        result.generation_seconds = time.perf_counter() - started
+        return result
