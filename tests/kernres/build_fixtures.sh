@@ -29,14 +29,13 @@ trap 'rm -rf "$work"' EXIT
 cp "$src"/* "$work/"
 cd "$work"
 
-hipflags=(-x hip -nogpuinc -nogpulib -O3)
+hipflags=(-x hip -nogpuinc -nogpulib -O3 -cuid=kernres) # a fixed CUID keeps rebuilds byte-identical
 
 # Keep only the remark lines, without source paths: "Function Name: K", "VGPRs: N", ...
 remarks() { grep 'remark:' | sed -e 's/^.*remark: *//' -e 's/ *\[-Rpass-analysis=kernel-resource-usage\]$//'; }
 # Kernel metadata fields that the remarks do not print, from llvm-readobj (an independent reader).
-notes() {
-  "$READOBJ" --notes "$1" | grep -E '^\s+(- )?\.(name|wavefront_size|max_flat_workgroup_size|vgpr_count|agpr_count|sgpr_count):' |
-    sed -e 's/^ *- */  /' -e 's/^ */  /'
+notes() { # one "-" line per kernel map, then its kernel-level keys (4-space indent in readobj's YAML)
+  "$READOBJ" --notes "$1" | awk '/^  - \./{print "-"} /^(  - |    )\.(name|wavefront_size|max_flat_workgroup_size|vgpr_count|agpr_count|sgpr_count):/{sub(/^ *-? */, ""); print}'
 }
 
 # One code object per (compiler, target): the single-target builds everything else is checked against.
@@ -102,7 +101,7 @@ done
 "$CLANG19" "${hipflags[@]}" --offload-arch=gfx1100 --offload-arch=gfx1151 -c kernels.hip -o "$out/hip/host.clang19.o"
 echo "host.clang19.o clang19 gfx1100 gfx1151" >>"$manifest"
 "$CLANG22" "${hipflags[@]}" --offload-arch=gfx942 --offload-compress -fPIC -c kernels.hip -o k22.o
-"$CLANG22" "${hipflags[@]}" --offload-arch=gfx942 --offload-compress -fPIC -c second.hip -o s22.o
+"$CLANG22" "${hipflags[@]}" --offload-arch=gfx942 --offload-compress -fPIC -cuid=second -c second.hip -o s22.o
 "$CLANG22" -shared -nostdlib -fuse-ld=lld k22.o s22.o -o "$out/hip/host.clang22.so"
 echo "host.clang22.so clang22 gfx942 +second_tu_scale" >>"$manifest"
 "$CLANG19" "${hipflags[@]}" --offload-arch=gfx1151 --target=x86_64-pc-windows-msvc -c kernels.hip -o k.obj
@@ -115,7 +114,7 @@ echo "host.clang19.dll clang19 gfx1151" >>"$manifest"
 cu() { # name nvcc-flags...
   local name="$1"
   shift
-  "$NVCC" -O3 -Xptxas -v "$@" kernels.cu -o "$out/cuda/$name" 2>&1 | grep -E '^ptxas|^    ' |
+  "$NVCC" -O3 -Xptxas -v "$@" kernels.cu -o "$out/cuda/$name" 2>&1 | grep -E '^ptxas|^    ' | grep -v 'Compile time' |
     sed -e 's/ptxas info *: //' >"$out/cuda/$name.ptxas.txt"
 }
 cu kernels.sm_80.cubin -cubin -arch=sm_80

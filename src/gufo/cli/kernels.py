@@ -1,0 +1,133 @@
+"""`gufo kernels`: read compiled GPU kernels without a GPU (report, check, baseline, compare)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gufo.errors import BadInputError
+from gufo.kernres import checker, report
+from gufo.kernres.loader import read_paths
+from gufo.kernres.model import Kernel
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "kernels",
+        help="report per-kernel registers, scratch, spills, LDS and occupancy of GPU binaries",
+        description="Read AMD code objects (raw, bundled, compressed, in host ELF/PE files), NVIDIA cubins "
+        "and fatbins, and Triton cache directories; no GPU needed.",
+    )
+    sub = parser.add_subparsers(dest="kernels_command", metavar="MODE")
+    sub.required = True
+
+    p = sub.add_parser(
+        "report", help="list every kernel with its resources", description="List every kernel."
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="binary, bundle, host object or Triton cache dir")
+    p.add_argument("--filter", metavar="TEXT", help="only kernels whose (demangled) name contains TEXT")
+    _common(p)
+    p.set_defaults(func=_report)
+
+    p = sub.add_parser(
+        "check",
+        help="fail when a kernel's scratch exceeds its allowance",
+        description="Exit 1 if any kernel uses more scratch than the allowance file grants.",
+    )
+    p.add_argument("file", metavar="FILE", help="the build to check")
+    p.add_argument(
+        "--baseline", required=True, metavar="ALLOW.json", help="allowance file from `kernels baseline`"
+    )
+    _common(p)
+    p.set_defaults(func=_check)
+
+    p = sub.add_parser(
+        "baseline",
+        help="write an allowance file from a build",
+        description="Allow every kernel the scratch it uses now.",
+    )
+    p.add_argument("file", metavar="FILE", help="the build whose usage becomes the allowance")
+    p.add_argument("--write", required=True, metavar="ALLOW.json", help="allowance file to write")
+    p.add_argument("--note", required=True, metavar="TEXT", help="why this baseline (compiler, commit, ...)")
+    p.add_argument(
+        "--default",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="scratch allowed to kernels not in the file (default 0)",
+    )
+    _common(p, json_flag=False)
+    p.set_defaults(func=_baseline)
+
+    p = sub.add_parser(
+        "compare",
+        help="compare two builds kernel by kernel",
+        description="Per kernel in both builds: worse (scratch or spills up, occupancy down), "
+        "better or same. Exit 1 if any kernel's scratch grew.",
+    )
+    p.add_argument("new", metavar="NEW", help="the new build")
+    p.add_argument("--base", required=True, metavar="OLD", help="the build to compare against")
+    p.add_argument("--strict", action="store_true", help="exit 1 if any kernel got worse at all")
+    _common(p)
+    p.set_defaults(func=_compare)
+
+
+def _common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help="NVIDIA block size for occupancy (default: the kernel's launch bound, else 256)",
+    )
+
+
+def _load(paths: list[str], args: argparse.Namespace) -> list[Kernel]:
+    if args.block_size is not None and not 1 <= args.block_size <= 1024:
+        raise BadInputError(f"--block-size: {args.block_size} is not in 1..1024")
+    kernels, warnings = read_paths(paths, args.block_size)
+    for w in warnings:
+        print(f"gufo: warning: {w}", file=sys.stderr)
+    return kernels
+
+
+def _report(args: argparse.Namespace) -> int:
+    kernels = _load(args.files, args)
+    if args.filter:
+        kernels = [k for k in kernels if args.filter in (k.display_name or k.name) or args.filter in k.name]
+    if args.json:
+        print(json.dumps([k.to_dict() for k in kernels], indent=2))
+    elif kernels:
+        print(report.kernel_table(kernels))
+    else:
+        print(f"no kernel matches {args.filter!r}", file=sys.stderr)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    allowance = checker.load_allowance(args.baseline)
+    result = checker.check(_load([args.file], args), allowance)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else report.check_text(result))
+    return 0 if result.ok else 1
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    if args.default < 0:
+        raise BadInputError(f"--default: {args.default} is negative")
+    doc = checker.make_allowance(_load([args.file], args), args.note, args.default)
+    try:
+        Path(args.write).write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as err:
+        raise BadInputError(f"{args.write}: cannot write: {err.strerror or err}") from None
+    print(f"wrote {args.write}: {len(doc['kernels'])} kernel(s)")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    result = checker.compare(_load([args.new], args), _load([args.base], args))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else report.compare_text(result))
+    failed = result.count("worse") > 0 if args.strict else result.scratch_grew
+    return 1 if failed else 0
