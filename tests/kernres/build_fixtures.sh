@@ -29,6 +29,8 @@ trap 'rm -rf "$work"' EXIT
 cp "$src"/* "$work/"
 cd "$work"
 
+# clang-22 builds put one kernel in namespace gufo_v2 instead of gufo_v1 (a version-stamped name).
+ns22=-DKERNRES_NS=gufo_v2
 hipflags=(-x hip -nogpuinc -nogpulib -O3 -cuid=kernres) # a fixed CUID keeps rebuilds byte-identical
 
 # Keep only the remark lines, without source paths: "Function Name: K", "VGPRs: N", ...
@@ -50,13 +52,13 @@ hsaco() { # compiler-tag compiler arch [extra flags...]
 }
 for t in gfx1151 gfx1100 gfx942; do
   hsaco clang19 "$CLANG19" "$t"
-  hsaco clang22 "$CLANG22" "$t"
+  hsaco clang22 "$CLANG22" "$t" "$ns22"
 done
 hsaco clang19 "$CLANG19" gfx1100:w64 -mwavefrontsize64
-hsaco clang22 "$CLANG22" gfx1100:w64 -mwavefrontsize64
+hsaco clang22 "$CLANG22" gfx1100:w64 -mwavefrontsize64 "$ns22"
 # The other targets of the occupancy tables, built once.
 for t in gfx90a gfx1030 gfx1101 gfx1102 gfx1150 gfx1200 gfx1201; do
-  hsaco clang22 "$CLANG22" "$t"
+  hsaco clang22 "$CLANG22" "$t" "$ns22"
 done
 
 # Containers holding some of the builds above (same sources, same flags), listed in a manifest:
@@ -69,7 +71,7 @@ echo "bundle.clang19.hipfb clang19 gfx1151 gfx942" >>"$manifest"
 "$CLANG19" "${hipflags[@]}" "${two[@]}" --offload-device-only --offload-compress -c kernels.hip \
   -o "$out/hip/ccob2.clang19.hipfb"
 echo "ccob2.clang19.hipfb clang19 gfx1151 gfx942" >>"$manifest"
-"$CLANG22" "${hipflags[@]}" "${two[@]}" --offload-device-only --offload-compress -c kernels.hip \
+"$CLANG22" "${hipflags[@]}" "$ns22" "${two[@]}" --offload-device-only --offload-compress -c kernels.hip \
   -o "$out/hip/ccob3.clang22.hipfb"
 echo "ccob3.clang22.hipfb clang22 gfx1151 gfx942" >>"$manifest"
 # zlib CCOBs (method 0): clang picks zstd when it has it, so wrap the plain bundle ourselves and
@@ -100,7 +102,7 @@ done
 # and a Windows DLL whose section is called .hip_fat.
 "$CLANG19" "${hipflags[@]}" --offload-arch=gfx1100 --offload-arch=gfx1151 -c kernels.hip -o "$out/hip/host.clang19.o"
 echo "host.clang19.o clang19 gfx1100 gfx1151" >>"$manifest"
-"$CLANG22" "${hipflags[@]}" --offload-arch=gfx942 --offload-compress -fPIC -c kernels.hip -o k22.o
+"$CLANG22" "${hipflags[@]}" "$ns22" --offload-arch=gfx942 --offload-compress -fPIC -c kernels.hip -o k22.o
 "$CLANG22" "${hipflags[@]}" --offload-arch=gfx942 --offload-compress -fPIC -cuid=second -c second.hip -o s22.o
 "$CLANG22" -shared -nostdlib -fuse-ld=lld k22.o s22.o -o "$out/hip/host.clang22.so"
 echo "host.clang22.so clang22 gfx942 +second_tu_scale" >>"$manifest"

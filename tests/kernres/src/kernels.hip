@@ -51,6 +51,15 @@ __global__ LAUNCH_BOUNDS(128) void scratch_array(float *out, const int *idx, con
   out[BID() * 128 + TID()] = buf[idx[TID()] % 96] + buf[idx[TID() + 128] % 96];
 }
 
+// A kernel in a version-stamped namespace; the clang-22 build stamps it gufo_v2 (-DKERNRES_NS=gufo_v2), so
+// compare must match the two builds' kernels across the stamp.
+#ifndef KERNRES_NS
+#define KERNRES_NS gufo_v1
+#endif
+namespace KERNRES_NS {
+__global__ LAUNCH_BOUNDS(64) void ns_versioned(float *y, float a) { y[BID() * 64 + TID()] += a; }
+}  // namespace KERNRES_NS
+
 #if defined(__gfx942__) || defined(__gfx90a__)
 typedef float f32x16 __attribute__((ext_vector_type(16)));
 typedef _Float16 f16x4 __attribute__((ext_vector_type(4)));
