@@ -8,6 +8,7 @@ from typing import Any
 
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
+from gufo.quant import unsupported_reason
 
 ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3")
 _ARCHITECTURES: dict[str, Callable[[ModelFile, str], Any]] = {}
@@ -33,6 +34,14 @@ def check_architecture(mf: ModelFile) -> str:
     if arch not in _ARCHITECTURES:
         raise BadInputError(f"{mf.label}: unknown architecture '{arch}' (supported: {', '.join(known)})")
     return arch
+
+
+def check_supported_types(mf: ModelFile) -> None:
+    """Fail at load, naming the tensor, when a tensor's block format has no implementation."""
+    for info in mf.tensors.values():
+        reason = unsupported_reason(info.qtype)
+        if reason is not None:
+            raise BadInputError(f"{mf.label}: tensor {info.name}: {reason}")
 
 
 def build_model(mf: ModelFile, backend: str) -> Any:

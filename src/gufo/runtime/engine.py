@@ -15,10 +15,9 @@ import torch
 
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import resolve_model
-from gufo.gguf.model_file import ModelFile, open_model_file
+from gufo.gguf.model_file import open_model_file
 from gufo.kernels import backends
-from gufo.models.registry import build_model, check_architecture
-from gufo.quant import unsupported_reason
+from gufo.models.registry import build_model, check_architecture, check_supported_types
 from gufo.runtime.kv_cache import KVCache
 from gufo.runtime.sampling import Sampler, SamplingParams
 from gufo.tokenizer import Tokenizer
@@ -46,13 +45,6 @@ class GenerationResult:
         # The first generated token comes from the prefill's logits; the rest each cost one decode step.
         steps = max(len(self.generated_ids) - 1, 0)
         return steps / self.generation_seconds if self.generation_seconds else 0.0
-
-
-def check_supported_types(mf: ModelFile) -> None:
-    for info in mf.tensors.values():
-        reason = unsupported_reason(info.qtype)
-        if reason is not None:
-            raise BadInputError(f"{mf.label}: tensor {info.name}: {reason}")
 
 
 class Engine:
