@@ -50,6 +50,8 @@ def test_gemma3_builtin_template() -> None:
         "<start_of_turn>user\n2+2?<end_of_turn>\n"
         "<start_of_turn>model\n"
     )
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]  # OpenAI-style content parts
+    assert tok.apply_chat_template(parts) == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
     tokens = metadata_of(model_file("gemma3-270m"))["tokenizer.ggml.tokens"]
     ids = tok.encode(prompt, add_special=True, parse_special=True)
     assert ids[:2] == [tok.bos_id, tokens.index("<start_of_turn>")]

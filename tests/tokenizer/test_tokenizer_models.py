@@ -70,6 +70,16 @@ def test_user_defined_tokens_match_without_parse_special() -> None:
     assert tokens.index("\n") not in ids
 
 
+def test_special_tokens_are_matched_longest_first() -> None:
+    # llama.cpp splits on each special token in turn, longest text first: 40 newlines become the
+    # 31-newline token (gemma3's longest) and then the 9-newline one
+    tok = model_tokenizer("gemma3-270m")
+    tokens = metadata_of(model_file("gemma3-270m"))["tokenizer.ggml.tokens"]
+    assert "\n" * 32 not in tokens
+    ids = tok.encode("\n" * 40, add_special=False, parse_special=False)
+    assert ids == [tokens.index("\n" * 31), tokens.index("\n" * 9)]
+
+
 @pytest.mark.parametrize(
     ("alias", "open_tag", "close_tag"),
     [("smollm2-135m", "<|im_start|>", "<|im_end|>"), ("gemma3-270m", "<start_of_turn>", "<end_of_turn>")],

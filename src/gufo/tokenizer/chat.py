@@ -27,19 +27,24 @@ CHATML_TEMPLATE = (
 )
 
 # Gemma's turn format: "<start_of_turn>user\n...<end_of_turn>\n", the assistant is "model", a system
-# message is put in front of the first user turn.
+# message is put in front of the first user turn; content may be a string or a list of text parts.
 GEMMA_TEMPLATE = (
+    "{% macro text(content) %}"
+    "{% if content is string %}{{ content | trim }}"
+    "{% else %}{% for part in content if part['type'] == 'text' %}{{ part['text'] | trim }}{% endfor %}"
+    "{% endif %}"
+    "{% endmacro %}"
     "{{ bos_token }}"
     "{% set first = 0 %}{% set system = '' %}"
     "{% if messages and messages[0]['role'] == 'system' %}"
-    "{% set system = messages[0]['content'] | trim + '\\n\\n' %}{% set first = 1 %}"
+    "{% set system = text(messages[0]['content']) + '\n\n' %}{% set first = 1 %}"
     "{% endif %}"
     "{% for message in messages[first:] %}"
     "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{{ '<start_of_turn>' + role + '\\n' + (system if loop.first else '') + message['content'] | trim"
-    " + '<end_of_turn>\\n' }}"
+    "{{ '<start_of_turn>' + role + '\n' + (system if loop.first else '') + text(message['content'])"
+    " + '<end_of_turn>\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
 
 

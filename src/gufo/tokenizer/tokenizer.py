@@ -24,6 +24,18 @@ _C_SPACE = " \t\n\v\f\r"  # C isspace(), what llama.cpp strips around lstrip/rst
 _HIDDEN = ATTR_CONTROL | ATTR_UNKNOWN  # pieces shown only when special tokens are rendered
 
 
+_PREFIX_CHARS = 4
+
+
+def _group_by_prefix(specials: list[tuple[str, int, int]]) -> dict[str, list[tuple[int, str, int, int]]]:
+    """Special tokens grouped by their first characters, so that one substring test rules out a
+    whole group (gemma3 has 6k ``<unusedN>`` tokens); entries keep their longest-first rank."""
+    groups: dict[str, list[tuple[int, str, int, int]]] = {}
+    for rank, (text, tid, attr) in enumerate(specials):
+        groups.setdefault(text[:_PREFIX_CHARS], []).append((rank, text, tid, attr))
+    return groups
+
+
 class Tokenizer:
     """Encode text to token ids and back, from GGUF tokenizer metadata.
 
@@ -46,8 +58,9 @@ class Tokenizer:
             self._spm = None
             self._hf = build_bpe(vocab)
         tokens, attrs = vocab.tokens, vocab.attrs
-        self._specials_all = [(tokens[t], t, attrs[t]) for t in vocab.special_cache]
-        self._specials_user = [s for s in self._specials_all if not s[2] & _HIDDEN]
+        specials = [(tokens[t], t, attrs[t]) for t in vocab.special_cache]
+        self._specials_all = _group_by_prefix(specials)
+        self._specials_user = _group_by_prefix([s for s in specials if not s[2] & _HIDDEN])
 
     @classmethod
     def from_gguf(cls, metadata: Mapping[str, Any]) -> Tokenizer:
@@ -133,11 +146,17 @@ class Tokenizer:
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Split ``text`` into plain fragments and special token ids, longest token texts first."""
-        specials = self._specials_all if parse_special else self._specials_user
+        groups = self._specials_all if parse_special else self._specials_user
+        present = [
+            entry
+            for prefix, entries in groups.items()
+            if prefix in text
+            for entry in entries
+            if entry[1] in text
+        ]
+        present.sort()
         fragments: list[str | int] = [text]
-        for tok_text, tid, attr in specials:
-            if tok_text not in text:
-                continue
+        for _, tok_text, tid, attr in present:
             out: list[str | int] = []
             for frag in fragments:
                 if not isinstance(frag, str) or tok_text not in frag:
