@@ -68,7 +68,7 @@ def _metadata(elf: ELFFile) -> dict | None:
                     desc = desc.encode("latin-1")
                 try:
                     meta = msgpack.unpackb(bytes(desc), raw=False, strict_map_key=False)
-                except (ValueError, msgpack.UnpackException) as err:
+                except (ValueError, TypeError, msgpack.UnpackException) as err:
                     raise FormatError(f"bad AMDGPU metadata note: {err}") from None
                 if not isinstance(meta, dict):
                     raise FormatError("AMDGPU metadata note is not a map")

@@ -10,6 +10,7 @@ from gufo.kernres.model import FormatError
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 MAX_ENTRIES = 4096
+MAX_ID = 1024
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ def parse_bundle(data: bytes) -> tuple[list[BundleEntry], int]:
             raise FormatError(f"truncated offload bundle: entry {i} header")
         offset, size, id_len = struct.unpack_from("<QQQ", data, pos)
         pos += 24
+        if id_len > MAX_ID:
+            raise FormatError(f"bad offload bundle: entry {i} ID is {id_len} bytes long")
         if pos + id_len > len(data):
             raise FormatError(f"truncated offload bundle: entry {i} ID")
         entry_id = data[pos : pos + id_len].decode("utf-8", "replace")

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elftools.common.exceptions import ELFError
+
 from gufo.errors import BadInputError
 from gufo.kernres import amdgpu, bundle, ccob, cubin, fatbin, pe, triton
 from gufo.kernres.demangle import demangle_all
@@ -47,11 +49,15 @@ def read_path(path: str | os.PathLike, block_size: int | None = None) -> tuple[l
                 raise FormatError("file larger than 2 GiB")
             kernels = read_blob(p.read_bytes(), [], ctx, 0)
     except FormatError as err:
-        raise BadInputError(f"{path}: {err}") from None
+        raise BadInputError(f"{path}: {_one_line(str(err))}") from None
+    except ELFError as err:
+        raise BadInputError(f"{path}: malformed ELF: {_one_line(str(err))}") from None
     except OSError as err:
         raise BadInputError(f"{path}: cannot read: {err.strerror or err}") from None
     except Exception as err:  # a reader tripped over malformed data: still one line, no traceback
-        raise BadInputError(f"{path}: malformed input ({type(err).__name__}: {err})") from None
+        raise BadInputError(
+            f"{path}: malformed input ({type(err).__name__}: {_one_line(str(err))})"
+        ) from None
     if not kernels:
         extra = f" ({'; '.join(ctx.warnings)})" if ctx.warnings else ""
         raise BadInputError(f"{path}: no kernels found{extra}")
@@ -62,6 +68,12 @@ def read_path(path: str | os.PathLike, block_size: int | None = None) -> tuple[l
         k.display_name = names.get(k.name, k.name)
         warnings.extend(f"{path}: {k.arch} {k.display_name}: {note}" for note in k.notes)
     return kernels, warnings
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    """Messages may quote bytes from the file: keep them printable and short."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_blob(data: bytes, where: list[str], ctx: Context, depth: int) -> list[Kernel]:
