@@ -6,7 +6,8 @@ import pytest
 from tokenizer_oracles import metadata_of, vocab_path, vocab_tokenizer
 
 from gufo.errors import BadInputError
-from gufo.tokenizer import Tokenizer
+from gufo.tokenizer import Tokenizer, pretok
+from gufo.tokenizer.detok import BYTE_OF_CHAR
 
 BPE_META = {
     "tokenizer.ggml.model": "gpt2",
@@ -59,3 +60,20 @@ def test_phi3_special_tokens_swallow_following_spaces() -> None:
     assert len(tok.encode("</s>", add_special=False, parse_special=False)) > 1
     ids = tok.encode("Hi</s>   there", add_special=False, parse_special=True)
     assert ids == tok.encode("Hi", add_special=False) + end + tok.encode("there", add_special=False)
+
+
+@pytest.mark.parametrize("pre", pretok.SUPPORTED)
+def test_every_supported_pre_tokenizer_builds(pre: str) -> None:
+    # the regexes of pre-tokenizers without test vectors at least compile and lose no text
+    chars = sorted(BYTE_OF_CHAR, key=BYTE_OF_CHAR.get)
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": [*chars, "He", "ll", "Hell"],
+        "tokenizer.ggml.merges": ["H e", "l l", "He ll"],
+    }
+    tok = Tokenizer.from_gguf(meta)
+    text = "Hello World 123 'tis  ÄÖü 日本 \n\n x\t"
+    ids = tok.encode(text, add_special=False)
+    assert tok.decode(ids) == text
+    assert ids[0] == len(chars) + 2  # "Hello" starts with the merged "Hell"

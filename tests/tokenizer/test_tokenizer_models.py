@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizer_oracles import MODELS, golden, metadata_of, model_file, model_tokenizer
 
 from gufo.tokenizer import Tokenizer
@@ -110,3 +112,13 @@ def test_token_text() -> None:
     assert gemma.token_text(gemma_tokens.index("▁Paris")) == " Paris"
     assert gemma.token_text(gemma_tokens.index("<0xE4>")) == "<0xE4>"  # half a character, shown as a byte
     assert gemma.token_text(gemma_tokens.index("<0x41>")) == "A"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=" ▁<>/pabc.é日\n", max_size=30))
+def test_sentencepiece_word_cuts_change_nothing(text: str) -> None:
+    # gemma3 text is merged word by word (cut before a "▁" that no token spans, e.g. not after ">",
+    # because of the token "> </"): the result must equal merging the whole text at once
+    spm = model_tokenizer("gemma3-270m")._spm
+    escaped = text.replace(" ", "▁")
+    assert spm.encode(escaped) == spm._encode_word(escaped)

@@ -39,6 +39,10 @@ class SpmEncoder:
         # characters that precede "▁" inside some token: a cut after them could be spanned
         joined = "\0".join(vocab.tokens)
         sticky = {m.group(1) for m in re.finditer(f"([^{SPACE}\0]){SPACE}", joined)}
+        if joined.count("\0") != len(vocab.tokens) - 1:  # some token holds a NUL itself
+            for t in (t for t in vocab.tokens if "\0" in t):
+                sticky.update(t[i - 1] for i in range(1, len(t)) if t[i] == SPACE)
+            sticky.discard(SPACE)
         if sticky:
             cls = "".join(re.escape(c) for c in sorted(sticky))
             self._cut = re.compile(f"(?<=[^{SPACE}{cls}])(?={SPACE})")
