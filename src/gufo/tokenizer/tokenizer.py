@@ -7,7 +7,9 @@ from typing import Any
 
 from gufo.errors import BadInputError
 from gufo.tokenizer import chat
+from gufo.tokenizer.bpe import build_bpe
 from gufo.tokenizer.detok import StreamDecoder, byte_level_decode, clean_spaces
+from gufo.tokenizer.spm import SpmEncoder
 from gufo.tokenizer.vocab import (
     ATTR_BYTE,
     ATTR_CONTROL,
@@ -22,8 +24,6 @@ from gufo.tokenizer.vocab import (
 
 _C_SPACE = " \t\n\v\f\r"  # C isspace(), what llama.cpp strips around lstrip/rstrip tokens
 _HIDDEN = ATTR_CONTROL | ATTR_UNKNOWN  # pieces shown only when special tokens are rendered
-
-
 _PREFIX_CHARS = 4
 
 
@@ -47,16 +47,8 @@ class Tokenizer:
     def __init__(self, vocab: Vocab) -> None:
         self._vocab = vocab
         self._pieces: list[bytes | None] = [None] * vocab.size
-        if vocab.model == "llama":
-            from gufo.tokenizer.spm import SpmEncoder
-
-            self._spm: Any = SpmEncoder(vocab)
-            self._hf: Any = None
-        else:
-            from gufo.tokenizer.bpe import build_bpe
-
-            self._spm = None
-            self._hf = build_bpe(vocab)
+        self._spm: SpmEncoder | None = SpmEncoder(vocab) if vocab.model == "llama" else None
+        self._hf: Any = build_bpe(vocab) if vocab.model == "gpt2" else None
         tokens, attrs = vocab.tokens, vocab.attrs
         specials = [(tokens[t], t, attrs[t]) for t in vocab.special_cache]
         self._specials_all = _group_by_prefix(specials)
