@@ -3,9 +3,9 @@
 # beside them (the tests' expected values). CI does not run this: the outputs are committed.
 #
 # Needs: clang-19 and clang-22 (Debian packages clang-NN lld-NN llvm-NN clang-tools-NN), nvcc (CUDA 13),
-# cuobjdump (PyPI: nvidia-cuda-cuobjdump), a C++ compiler and python3. Override the tool names with
-# CLANG19, CLANG22, BUNDLER19, BUNDLER22, LLD_LINK, READOBJ, NVCC, CUOBJDUMP, CXX, PYTHON; CUDA_HOME
-# locates cuda_occupancy.h.
+# cuobjdump (PyPI: nvidia-cuda-cuobjdump), a C++ compiler, python3 and a Python with `triton` (PyPI; it
+# compiles for GPUs on the CPU). Override the tool names with CLANG19, CLANG22, BUNDLER19, BUNDLER22,
+# LLD_LINK, READOBJ, NVCC, CUOBJDUMP, CXX, PYTHON, TRITON_PYTHON; CUDA_HOME locates cuda_occupancy.h.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -21,6 +21,7 @@ NVCC="${NVCC:-nvcc}"
 CUOBJDUMP="${CUOBJDUMP:-cuobjdump}"
 CXX="${CXX:-c++}"
 PYTHON="${PYTHON:-python3}"
+TRITON_PYTHON="${TRITON_PYTHON:-python3}" # a Python with the `triton` package
 
 rm -rf "$out"
 mkdir -p "$out/hip" "$out/cuda"
@@ -37,7 +38,7 @@ hipflags=(-x hip -nogpuinc -nogpulib -O3 -cuid=kernres) # a fixed CUID keeps reb
 remarks() { grep 'remark:' | sed -e 's/^.*remark: *//' -e 's/ *\[-Rpass-analysis=kernel-resource-usage\]$//'; }
 # Kernel metadata fields that the remarks do not print, from llvm-readobj (an independent reader).
 notes() { # one "-" line per kernel map, then its kernel-level keys (4-space indent in readobj's YAML)
-  "$READOBJ" --notes "$1" | awk '/^  - \./{print "-"} /^(  - |    )\.(name|wavefront_size|max_flat_workgroup_size|vgpr_count|agpr_count|sgpr_count):/{sub(/^ *-? */, ""); print}'
+  "$READOBJ" --notes "$1" | awk '/^  - \./{print "-"} /^(  - |    )\.(name|wavefront_size|max_flat_workgroup_size|vgpr_count|agpr_count|sgpr_count|private_segment_fixed_size|group_segment_fixed_size|vgpr_spill_count|sgpr_spill_count):/{sub(/^ *-? */, ""); print}'
 }
 
 # One code object per (compiler, target): the single-target builds everything else is checked against.
@@ -107,7 +108,7 @@ echo "host.clang19.o clang19 gfx1100 gfx1151" >>"$manifest"
 "$CLANG22" -shared -nostdlib -fuse-ld=lld k22.o s22.o -o "$out/hip/host.clang22.so"
 echo "host.clang22.so clang22 gfx942 +second_tu_scale" >>"$manifest"
 "$CLANG19" "${hipflags[@]}" --offload-arch=gfx1151 --target=x86_64-pc-windows-msvc -c kernels.hip -o k.obj
-"$LLD_LINK" /dll /noentry /nodefaultlib /force:unresolved k.obj /out:"$out/hip/host.clang19.dll" >/dev/null 2>&1 || true
+"$LLD_LINK" /dll /noentry /nodefaultlib /force:unresolved /Brepro k.obj /out:"$out/hip/host.clang19.dll" >/dev/null 2>&1 || true
 rm -f "$out/hip/host.clang19.lib"
 test -s "$out/hip/host.clang19.dll"
 echo "host.clang19.dll clang19 gfx1151" >>"$manifest"
@@ -142,8 +143,34 @@ for f in kernels.sm_80.cubin kernels.sm_90.cubin kernels.sm_90.maxrreg32.cubin; 
     >"$out/cuda/$f.occupancy.txt"
 done
 
+# Triton: a cache directory with the same small kernels compiled for gfx1151 and sm_90 on the CPU; keep the
+# kernels and a trimmed metadata JSON (Triton's own lists the machine's library paths).
+mkdir -p "$out/triton"
+TRITON_CACHE_DIR="$work/tcache" TRITON_DISABLE_LINE_INFO=1 "$TRITON_PYTHON" "$src/triton_kernels.py" 2>/dev/null
+for f in "$work"/tcache/*/*.hsaco "$work"/tcache/*/*.cubin; do
+  d="$out/triton/$(basename "$(dirname "$f")")"
+  mkdir -p "$d"
+  cp "$f" "$d/"
+  "$PYTHON" -c 'import json, sys
+meta = json.load(open(sys.argv[1]))
+keep = ("name", "target", "num_warps", "warp_size", "shared", "triton_version")
+json.dump({k: meta[k] for k in keep if k in meta}, open(sys.argv[2], "w"), indent=1)' "${f%.*}.json" "$d/$(basename "${f%.*}").json"
+  case "$f" in
+    *.hsaco) notes "$f" >"$d/$(basename "$f").notes.txt" ;;
+    *.cubin)
+      "$CUOBJDUMP" --dump-resource-usage "$f" | grep -E 'Function|REG:' >"$d/$(basename "$f").cuobjdump.txt"
+      # cuda_occupancy.h with Triton's launch: its shared memory (all dynamic) and every block size
+      "$PYTHON" -c 'import json, re, sys
+meta = json.load(open(sys.argv[2]))
+for m in re.finditer(r"Function ([^:\s]+):\s*REG:(\d+)", open(sys.argv[1]).read()):
+    print("sm_%d" % meta["target"]["arch"], m[1], m[2], meta["shared"], 0, 1)' \
+        "$d/$(basename "$f").cuobjdump.txt" "$d/$(basename "${f%.*}").json" | ./occ_oracle >"$d/$(basename "$f").occupancy.txt"
+      ;;
+  esac
+done
+
 # No absolute paths in what we commit.
-if grep -rl "$work\|$here\|$HOME" "$out" --include='*.txt'; then
+if grep -rl "$work\|$here\|$HOME\|/tmp/\|/home/\|/root/" "$out"; then
   echo "absolute paths leaked into the expected values" >&2
   exit 1
 fi

@@ -90,7 +90,7 @@ def _load(paths: list[str], args: argparse.Namespace) -> list[Kernel]:
         raise BadInputError(f"--block-size: {args.block_size} is not in 1..1024")
     kernels, warnings = read_paths(paths, args.block_size)
     for w in warnings:
-        print(f"gufo: warning: {w}", file=sys.stderr)
+        print(f"gufo: note: {w}", file=sys.stderr)
     return kernels
 
 

@@ -3,6 +3,8 @@ cross-checked against each kernel descriptor (`K.kd`). Facts: kernel-resources-f
 
 from __future__ import annotations
 
+import re
+
 import msgpack
 from elftools.elf.elffile import ELFFile
 
@@ -12,7 +14,9 @@ from gufo.kernres.model import FormatError, Kernel
 from gufo.kernres.occupancy_amd import amd_occupancy
 
 NT_AMDGPU_METADATA = 32
-ELFOSABI_AMDGPU_HSA = 64
+# the processor and features at the end of amdhsa.target ("amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-";
+# Triton's LLVM writes "amdgpu11.51-amd-amdhsa-unknown-gfx1151")
+_TARGET_ID = re.compile(r"gfx[0-9a-f]+(?:-\d+)*(?:-generic)?(?::[a-z0-9_-]+[+-])*$")
 # EF_AMDGPU_MACH (e_flags & 0xff) for targets whose note may be missing (AMDGPUUsage).
 MACH = {
     0x2C: "gfx900", 0x2F: "gfx906", 0x30: "gfx908", 0x33: "gfx1010", 0x34: "gfx1011", 0x35: "gfx1012",
@@ -34,7 +38,8 @@ def read_code_object(data: bytes, container: str = "") -> list[Kernel]:
         raise FormatError("AMDGPU code object is not ELF64 little endian")
     mach_arch = MACH.get(elf["e_flags"] & 0xFF, f"gfx?(mach 0x{elf['e_flags'] & 0xFF:x})")
     meta = _metadata(elf)
-    target_id = str(meta.get("amdhsa.target", "")).split("--")[-1] if meta else ""
+    m = _TARGET_ID.search(str(meta.get("amdhsa.target", ""))) if meta else None
+    target_id = m[0] if m else ""
     arch = target_id.split(":")[0] or mach_arch
     compiler, llvm = compiler_version(elf)
     symbols = _symbols(elf)
@@ -140,7 +145,8 @@ def _from_metadata(entry: dict, arch: str, elf, data: bytes, symbols: dict, llvm
         kernel.notes.append("no kernel descriptor found to cross-check")
     else:
         kernel.notes.extend(_cross_check(kd, values, arch))
-    _set_occupancy(kernel, unified or 0, llvm)
+    kernel.compiler_major = llvm
+    set_occupancy(kernel)
     return kernel
 
 
@@ -182,16 +188,19 @@ def _from_descriptor(name: str, arch: str, data: bytes, sym: tuple[int, int, int
     return kernel
 
 
-def _set_occupancy(kernel: Kernel, unified_vgprs: int, llvm: int) -> None:
+def set_occupancy(kernel: Kernel, dynamic_lds: int = 0) -> None:
+    """LLVM's occupancy for the kernel's resources (plus LDS allocated at launch, e.g. by Triton)."""
     v = kernel.values
+    vgpr, agpr = v["vgpr"] or 0, v["agpr"] or 0
+    unified = (vgpr + 3) // 4 * 4 + agpr if agpr else vgpr  # what .vgpr_count holds on gfx90a+
     occ = amd_occupancy(
         kernel.arch,
         v["wavefront_size"] or 64,
-        unified_vgprs,
+        unified,
         v["sgpr"] or 0,
-        v["lds_bytes"] or 0,
+        (v["lds_bytes"] or 0) + dynamic_lds,
         v["max_flat_workgroup_size"] or 1024,
-        llvm or 22,
+        kernel.compiler_major or 22,
     )
     if occ is not None:
         v["occupancy_waves_per_simd"] = occ.waves_per_simd

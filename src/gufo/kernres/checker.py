@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gufo.errors import BadInputError
+from gufo.kernres.amdgpu import set_occupancy
 from gufo.kernres.demangle import compare_key
 from gufo.kernres.model import Kernel
-from gufo.kernres.occupancy_amd import amd_occupancy
 
 SCHEMA = "gufo.kernels.allowance"
 SCHEMA_VERSION = 1
@@ -190,25 +191,12 @@ def _compare_pair(key: str, new: Kernel, base: Kernel) -> dict:
 def _model_only(new: Kernel, base: Kernel) -> bool:
     """True when an AMD occupancy change comes only from the compilers' different LLVM occupancy model."""
     inputs = ("vgpr", "agpr", "sgpr", "lds_bytes", "wavefront_size", "max_flat_workgroup_size")
-    if any(new.values.get(f) != base.values.get(f) for f in inputs) or new.compiler == base.compiler:
+    if (
+        any(new.values.get(f) != base.values.get(f) for f in inputs)
+        or new.compiler_major == base.compiler_major
+    ):
         return False
-    v = new.values
-    unified = (v["vgpr"] or 0) + (v["agpr"] or 0)
-    if v["agpr"]:
-        unified = ((v["vgpr"] or 0) + 3) // 4 * 4 + v["agpr"]
-    args = (
-        v["wavefront_size"] or 64,
-        unified,
-        v["sgpr"] or 0,
-        v["lds_bytes"] or 0,
-        v["max_flat_workgroup_size"] or 1024,
-    )
-    under_base = amd_occupancy(new.arch, *args, llvm_major=_major(base.compiler))
-    return under_base is not None and under_base.waves_per_simd == base.values.get("occupancy_waves_per_simd")
-
-
-def _major(compiler: str) -> int:
-    try:
-        return int(compiler.split()[1].split(".")[0])
-    except (IndexError, ValueError):
-        return 22
+    probe = copy.deepcopy(new)
+    probe.compiler_major = base.compiler_major
+    set_occupancy(probe)
+    return probe.values["occupancy_waves_per_simd"] == base.values.get("occupancy_waves_per_simd")

@@ -43,7 +43,7 @@ def read_path(path: str | os.PathLike, block_size: int | None = None) -> tuple[l
     ctx = Context(block_size)
     try:
         if p.is_dir():
-            kernels = triton.read_dir(p, lambda data, where: read_blob(data, where, ctx, 0))
+            kernels = triton.read_dir(p, lambda data, where: read_blob(data, where, ctx, 0), block_size)
         else:
             if p.stat().st_size > MAX_FILE:
                 raise FormatError("file larger than 2 GiB")

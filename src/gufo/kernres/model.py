@@ -46,6 +46,7 @@ class Kernel:
     block_size: int | None = None  # NVIDIA: the block size the occupancy is computed for
     target_id: str = ""  # AMD: full target ID with features; "" when it equals arch
     compiler: str = ""  # from the image's .comment, e.g. "clang 19.1.7"
+    compiler_major: int = 0  # picks LLVM's occupancy model (19 or 22); 0 unknown
     notes: list[str] = field(default_factory=list)  # cross-check findings, fallbacks
 
     @property

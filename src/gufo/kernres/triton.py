@@ -1,5 +1,6 @@
-"""Triton cache directories: every compiled kernel (`*.hsaco`, `*.cubin`) below a directory,
-with the dynamic shared memory from the kernel's metadata JSON counted in NVIDIA occupancy."""
+"""Triton cache directories: every compiled kernel (`*.hsaco`, `*.cubin`) below a directory. The kernel's
+metadata JSON beside it (same stem) says how Triton launches it: the block size (num_warps x warp size)
+and the shared memory / LDS it allocates at launch, which occupancy then counts."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from gufo.kernres.cubin import set_occupancy
+from gufo.kernres import amdgpu, cubin
 from gufo.kernres.model import FormatError, Kernel
 
 SUFFIXES = (".hsaco", ".cubin")
 MAX_FILES = 100_000
 
 
-def read_dir(root: Path, read_blob: Callable[[bytes, list[str]], list[Kernel]]) -> list[Kernel]:
+def read_dir(
+    root: Path, read_blob: Callable[[bytes, list[str]], list[Kernel]], block_size: int | None
+) -> list:
     files = sorted(p for p in root.rglob("*") if p.suffix in SUFFIXES and p.is_file())
     if not files:
         raise FormatError("directory holds no .hsaco or .cubin files")
@@ -27,21 +30,29 @@ def read_dir(root: Path, read_blob: Callable[[bytes, list[str]], list[Kernel]]) 
             found = read_blob(path.read_bytes(), [f"triton:{rel}"])
         except FormatError as err:
             raise FormatError(f"{rel}: {err}") from None
-        shared = _dynamic_shared(path)
+        meta = _metadata(path)
         for k in found:
-            if k.vendor == "nvidia" and shared:
-                set_occupancy(k, k.block_size if k.block_size != k.values["max_threads_per_block"] else None,
-                              dynamic_shared=shared)  # fmt: skip
-                k.notes.append(f"occupancy counts Triton's {shared} bytes of dynamic shared memory")
+            _apply_launch(k, meta, block_size)
         kernels += found
     return kernels
 
 
-def _dynamic_shared(kernel_file: Path) -> int:
-    """Triton's metadata JSON beside the kernel (same stem) gives the shared memory it launches with."""
-    meta = kernel_file.with_suffix(".json")
+def _apply_launch(k: Kernel, meta: dict, block_size: int | None) -> None:
+    shared = meta.get("shared", 0)
+    shared = shared if isinstance(shared, int) and shared > 0 else 0
+    if k.vendor == "nvidia":
+        warps, warp = meta.get("num_warps"), meta.get("warp_size", 32)
+        launch = warps * warp if isinstance(warps, int) and isinstance(warp, int) and warps > 0 else None
+        cubin.set_occupancy(k, block_size or launch, dynamic_shared=shared)
+    elif shared:
+        amdgpu.set_occupancy(k, dynamic_lds=shared)
+    if shared:
+        k.notes.append(f"occupancy counts the {shared} bytes of shared memory/LDS Triton allocates at launch")
+
+
+def _metadata(kernel_file: Path) -> dict:
     try:
-        value = json.loads(meta.read_text()).get("shared", 0)
-    except (OSError, ValueError, AttributeError):
-        return 0
-    return value if isinstance(value, int) and value > 0 else 0
+        meta = json.loads(kernel_file.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
