@@ -27,11 +27,12 @@ def tri_matmul(a_ptr, b_ptr, c_ptr, K, BM: tl.constexpr, BN: tl.constexpr, BK: t
     tl.store(c_ptr + rm[:, None] * BN + rn[None, :], acc)
 
 
+ADD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+MM_SIG = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp32", "K": "i32"}
+MM_SIG |= {"BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
 TARGETS = [GPUTarget("hip", "gfx1151", 32), GPUTarget("cuda", 90, 32)]
 for target in TARGETS:
-    add = ASTSource(tri_add, {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
-                    constexprs={"BLOCK": 1024})  # fmt: skip
-    mm = ASTSource(tri_matmul, {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp32", "K": "i32", "BM": "constexpr",
-                   "BN": "constexpr", "BK": "constexpr"}, constexprs={"BM": 64, "BN": 64, "BK": 32})  # fmt: skip
+    add = ASTSource(tri_add, ADD_SIG, constexprs={"BLOCK": 1024})
+    mm = ASTSource(tri_matmul, MM_SIG, constexprs={"BM": 64, "BN": 64, "BK": 32})
     for src in (add, mm):
         triton.compile(src, target=target, options={"num_warps": 4})
