@@ -121,3 +121,21 @@ def test_check_default_allowance_and_vanished(capsys, tmp_path):
     doc["default_scratch_bytes"] = max(v["scratch_bytes"] for v in expected_amd(build).values())
     allow.write_text(json.dumps(doc))
     assert run_cli(capsys, "kernels", "check", str(build), "--baseline", str(allow))[0] == 0
+
+
+@pytest.mark.parametrize("target", ["gfx1151", "gfx1100"])
+def test_occupancy_model_change_is_named(capsys, target):
+    """Where the remarks show equal resources but different occupancy, compare says the model changed."""
+    new, base = HIP / f"kernels.clang19.{target}.hsaco", HIP / f"kernels.clang22.{target}.hsaco"
+    en, eb = expected_amd(new), expected_amd(base)
+    inputs = ("vgpr", "agpr", "sgpr", "lds_bytes", "wavefront_size", "max_flat_workgroup_size")
+    model_only = {
+        n for n in en
+        if n in eb and all(en[n][f] == eb[n][f] for f in inputs)
+        and en[n]["occupancy_waves_per_simd"] != eb[n]["occupancy_waves_per_simd"]
+    }  # fmt: skip
+    assert model_only  # the 768-thread kernel
+    code, out, _ = run_cli(capsys, "kernels", "compare", str(new), "--base", str(base), "--json")
+    for p in json.loads(out)["kernels"]:
+        name = p["key"].split("/", 1)[1]
+        assert any("occupancy model differs" in n for n in p["notes"]) == (name in model_only), name

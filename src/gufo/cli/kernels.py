@@ -23,55 +23,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="kernels_command", metavar="MODE")
     sub.required = True
 
-    p = sub.add_parser(
-        "report", help="list every kernel with its resources", description="List every kernel."
-    )
+    p = _mode(sub, "report", _report, "list every kernel with its resources", "List every kernel.")
     p.add_argument("files", nargs="+", metavar="FILE", help="binary, bundle, host object or Triton cache dir")
     p.add_argument("--filter", metavar="TEXT", help="only kernels whose (demangled) name contains TEXT")
     _common(p)
-    p.set_defaults(func=_report)
 
-    p = sub.add_parser(
-        "check",
-        help="fail when a kernel's scratch exceeds its allowance",
-        description="Exit 1 if any kernel uses more scratch than the allowance file grants.",
-    )
+    p = _mode(sub, "check", _check, "fail when a kernel's scratch exceeds its allowance",
+              "Exit 1 if any kernel uses more scratch than the allowance file grants.")  # fmt: skip
     p.add_argument("file", metavar="FILE", help="the build to check")
     p.add_argument(
-        "--baseline", required=True, metavar="ALLOW.json", help="allowance file from `kernels baseline`"
+        "--baseline", required=True, metavar="ALLOW.json", help="allowance file (`kernels baseline`)"
     )
     _common(p)
-    p.set_defaults(func=_check)
 
-    p = sub.add_parser(
-        "baseline",
-        help="write an allowance file from a build",
-        description="Allow every kernel the scratch it uses now.",
-    )
+    p = _mode(sub, "baseline", _baseline, "write an allowance file from a build",
+              "Allow every kernel the scratch it uses now.")  # fmt: skip
     p.add_argument("file", metavar="FILE", help="the build whose usage becomes the allowance")
     p.add_argument("--write", required=True, metavar="ALLOW.json", help="allowance file to write")
     p.add_argument("--note", required=True, metavar="TEXT", help="why this baseline (compiler, commit, ...)")
-    p.add_argument(
-        "--default",
-        type=int,
-        default=0,
-        metavar="BYTES",
-        help="scratch allowed to kernels not in the file (default 0)",
-    )
+    p.add_argument("--default", type=int, default=0, metavar="BYTES",
+                   help="scratch allowed to kernels not in the file (default 0)")  # fmt: skip
     _common(p, json_flag=False)
-    p.set_defaults(func=_baseline)
 
-    p = sub.add_parser(
-        "compare",
-        help="compare two builds kernel by kernel",
-        description="Per kernel in both builds: worse (scratch or spills up, occupancy down), "
-        "better or same. Exit 1 if any kernel's scratch grew.",
-    )
+    p = _mode(sub, "compare", _compare, "compare two builds kernel by kernel",
+              "Per kernel in both builds: worse (scratch or spills up, occupancy down), better or same. "
+              "Exit 1 if any kernel's scratch grew.")  # fmt: skip
     p.add_argument("new", metavar="NEW", help="the new build")
     p.add_argument("--base", required=True, metavar="OLD", help="the build to compare against")
     p.add_argument("--strict", action="store_true", help="exit 1 if any kernel got worse at all")
     _common(p)
-    p.set_defaults(func=_compare)
+
+
+def _mode(sub: argparse._SubParsersAction, name: str, func, summary: str, description: str):
+    p = sub.add_parser(name, help=summary, description=description)
+    p.set_defaults(func=func)
+    return p
 
 
 def _common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
