@@ -5,7 +5,7 @@
 # Needs: clang-19 and clang-22 (Debian packages clang-NN lld-NN llvm-NN clang-tools-NN), nvcc (CUDA 13),
 # cuobjdump (PyPI: nvidia-cuda-cuobjdump), a C++ compiler, python3 and a Python with `triton` (PyPI; it
 # compiles for GPUs on the CPU). Override the tool names with CLANG19, CLANG22, BUNDLER19, BUNDLER22,
-# LLD_LINK, READOBJ, NVCC, CUOBJDUMP, CXX, PYTHON, TRITON_PYTHON; CUDA_HOME locates cuda_occupancy.h.
+# LLD_LINK, READOBJ, OBJCOPY, NVCC, CUOBJDUMP, CXX, PYTHON, TRITON_PYTHON; CUDA_HOME locates cuda_occupancy.h.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -57,6 +57,11 @@ for t in gfx1151 gfx1100 gfx942; do
 done
 hsaco clang19 "$CLANG19" gfx1100:w64 -mwavefrontsize64
 hsaco clang22 "$CLANG22" gfx1100:w64 -mwavefrontsize64 "$ns22"
+# Code object v4 (clang-19 writes v5 by default, clang-22 v6).
+hsaco clang19 "$CLANG19" gfx1151:cov4 -mcode-object-version=4
+# A code object without its metadata note: only the kernel descriptors remain.
+"${OBJCOPY:-llvm-objcopy-19}" --remove-section=.note "$out/hip/kernels.clang22.gfx1151.hsaco" \
+  "$out/hip/nonote.clang22.gfx1151.hsaco"
 # The other targets of the occupancy tables, built once.
 for t in gfx90a gfx1030 gfx1101 gfx1102 gfx1150 gfx1200 gfx1201; do
   hsaco clang22 "$CLANG22" "$t" "$ns22"

@@ -92,3 +92,31 @@ def test_filter_and_table(capsys):
     assert [k["name"] for k in kernels] == ["_Z13mfma_agpr_accPDv16_fPKDv4_DF16_S3_i"]
     code, out, _ = run_cli(capsys, "kernels", "report", str(HIP / "kernels.clang22.gfx942.hsaco"))
     assert code == 0 and "mfma_agpr_acc" in out and "waves/SIMD" in out
+
+
+def test_code_object_versions(capsys):
+    """v4 (ABI version 2), v5 (3) and v6 (4) code objects all read the same way."""
+    versions = {}
+    for name in (
+        "kernels.clang19.gfx1151.cov4.hsaco",
+        "kernels.clang19.gfx1151.hsaco",
+        "kernels.clang22.gfx1151.hsaco",
+    ):
+        versions[(HIP / name).read_bytes()[8]] = name  # e_ident[EI_ABIVERSION]
+    assert sorted(versions) == [2, 3, 4]
+
+
+def test_without_metadata_note_the_descriptor_gives_upper_bounds(capsys):
+    """llvm-objcopy removed the note: scratch, LDS and wave size stay exact, VGPRs become the allocation."""
+    kernels = report_json(capsys, str(HIP / "nonote.clang22.gfx1151.hsaco"))
+    want = expected_amd(HIP / "kernels.clang22.gfx1151.hsaco")
+    assert {k["name"] for k in kernels} == set(want)
+    for k in kernels:
+        w = want[k["name"]]
+        assert (k["scratch_bytes"], k["lds_bytes"], k["wavefront_size"]) == (
+            w["scratch_bytes"],
+            w["lds_bytes"],
+            w["wavefront_size"],
+        )
+        assert k["vgpr"] >= w["vgpr"] and k["vgpr"] % 8 == 0  # wave32 encoding granule
+        assert k["vgpr_spill"] is None and k["occupancy_waves_per_simd"] is None

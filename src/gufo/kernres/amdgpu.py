@@ -82,20 +82,29 @@ def _metadata(elf: ELFFile) -> dict | None:
 
 
 def _symbols(elf: ELFFile) -> dict[str, tuple[int, int, int]]:
-    """name -> (file offset or -1, size, value) from .dynsym and .symtab."""
+    """name -> (file offset or -1, size, value) from .dynsym and .symtab.
+
+    In a loaded image the address decides the section (tools that drop sections do not always fix
+    .dynsym's section indices); in a relocatable object the section index does.
+    """
+    loaded = elf["e_type"] in ("ET_DYN", "ET_EXEC")
+    spans = [(s["sh_addr"], s["sh_addr"] + s["sh_size"], s["sh_offset"]) for s in elf.iter_sections()
+             if s["sh_flags"] & 2 and s["sh_type"] != "SHT_NOBITS"]  # fmt: skip
     out: dict[str, tuple[int, int, int]] = {}
-    for table in (".symtab", ".dynsym"):
+    for table in (".dynsym", ".symtab"):
         sec = elf.get_section_by_name(table)
         if sec is None or not hasattr(sec, "iter_symbols"):
             continue
         for sym in sec.iter_symbols():
-            shndx = sym["st_shndx"]
-            offset = -1
-            if isinstance(shndx, int) and 0 < shndx < elf.num_sections():
+            shndx, value, offset = sym["st_shndx"], sym["st_value"], -1
+            if shndx == "SHN_ABS" or not isinstance(shndx, int) or shndx == 0:
+                pass
+            elif loaded:
+                offset = next((off + value - lo for lo, hi, off in spans if lo <= value < hi), -1)
+            elif shndx < elf.num_sections():
                 host = elf.get_section(shndx)
-                if host["sh_type"] != "SHT_NOBITS":
-                    offset = sym["st_value"] - host["sh_addr"] + host["sh_offset"]
-            out[sym.name] = (offset, sym["st_size"], sym["st_value"])
+                offset = -1 if host["sh_type"] == "SHT_NOBITS" else host["sh_offset"] + value
+            out[sym.name] = (offset, sym["st_size"], value)
     return out
 
 
