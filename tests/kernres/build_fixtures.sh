@@ -23,7 +23,8 @@ CXX="${CXX:-c++}"
 PYTHON="${PYTHON:-python3}"
 TRITON_PYTHON="${TRITON_PYTHON:-python3}" # a Python with the `triton` package
 
-rm -rf "$out"
+# fixtures/driver/ (the CUDA driver's numbers, measured on a GPU by src/driver_occupancy.py) is kept.
+rm -rf "$out/hip" "$out/cuda" "$out/triton"
 mkdir -p "$out/hip" "$out/cuda"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -180,3 +181,4 @@ if grep -rl "$work\|$here\|$HOME\|/tmp/\|/home/\|/root/" "$out"; then
   exit 1
 fi
 du -sh "$out"
+echo "On a machine with an sm_90 GPU, refresh fixtures/driver/ with src/driver_occupancy.py (see its header)."
