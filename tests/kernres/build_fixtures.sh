@@ -129,11 +129,13 @@ cu() { # name nvcc-flags...
 cu kernels.sm_80.cubin -cubin -arch=sm_80
 cu kernels.sm_90.cubin -cubin -arch=sm_90
 cu kernels.sm_90.maxrreg32.cubin -cubin -arch=sm_90 -maxrregcount=32
+cu kernels.sm_86.cubin -cubin -arch=sm_86
+cu kernels.sm_89.cubin -cubin -arch=sm_89
 "$NVCC" -O3 -fatbin -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 kernels.cu \
   -o "$out/cuda/kernels.fatbin"
 "$NVCC" -O3 -c -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code='[sm_90,compute_90]' \
   kernels.cu -o "$out/cuda/host.cu.o"
-for f in kernels.sm_80.cubin kernels.sm_90.cubin kernels.sm_90.maxrreg32.cubin; do
+for f in kernels.sm_80.cubin kernels.sm_86.cubin kernels.sm_89.cubin kernels.sm_90.cubin kernels.sm_90.maxrreg32.cubin; do
   {
     "$CUOBJDUMP" --dump-resource-usage "$out/cuda/$f" | grep -E 'Function|REG:'
     # The per-kernel .nv.info attribute sections (launch bounds live there).
@@ -144,7 +146,7 @@ done
 
 # Occupancy from NVIDIA's own calculator (cuda_occupancy.h), fed with ptxas's numbers.
 "$CXX" -O1 -I"${CUDA_HOME:-/usr/local/cuda}/include" occ_oracle.cpp -o occ_oracle
-for f in kernels.sm_80.cubin kernels.sm_90.cubin kernels.sm_90.maxrreg32.cubin; do
+for f in kernels.sm_80.cubin kernels.sm_86.cubin kernels.sm_89.cubin kernels.sm_90.cubin kernels.sm_90.maxrreg32.cubin; do
   "$PYTHON" "$src/ptxas_to_occ_input.py" "$out/cuda/$f.ptxas.txt" "$out/cuda/$f.cuobjdump.txt" | ./occ_oracle \
     >"$out/cuda/$f.occupancy.txt"
 done
