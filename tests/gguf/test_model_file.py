@@ -19,8 +19,12 @@ def write_tiny(path: Path, arch: str = "llama", qtype: str = "F32", drop_key: st
     """A tiny but complete llama-shaped GGUF written with the `gguf` package's writer."""
     writer = gguf.GGUFWriter(str(path), arch)
     keys = {
-        "block_count": 1, "context_length": 32, "embedding_length": 32, "feed_forward_length": 64,
-        "attention.head_count": 2, "attention.head_count_kv": 2,
+        "block_count": 1,
+        "context_length": 32,
+        "embedding_length": 32,
+        "feed_forward_length": 64,
+        "attention.head_count": 2,
+        "attention.head_count_kv": 2,
     }
     for key, value in keys.items():
         if drop_key != f"{arch}.{key}":
@@ -28,10 +32,17 @@ def write_tiny(path: Path, arch: str = "llama", qtype: str = "F32", drop_key: st
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     rng = np.random.default_rng(0)
     shapes = {
-        "token_embd.weight": (64, 32), "output_norm.weight": (32,), "blk.0.attn_norm.weight": (32,),
-        "blk.0.ffn_norm.weight": (32,), "blk.0.attn_q.weight": (32, 32), "blk.0.attn_k.weight": (32, 32),
-        "blk.0.attn_v.weight": (32, 32), "blk.0.attn_output.weight": (32, 32),
-        "blk.0.ffn_gate.weight": (64, 32), "blk.0.ffn_up.weight": (64, 32), "blk.0.ffn_down.weight": (32, 64),
+        "token_embd.weight": (64, 32),
+        "output_norm.weight": (32,),
+        "blk.0.attn_norm.weight": (32,),
+        "blk.0.ffn_norm.weight": (32,),
+        "blk.0.attn_q.weight": (32, 32),
+        "blk.0.attn_k.weight": (32, 32),
+        "blk.0.attn_v.weight": (32, 32),
+        "blk.0.attn_output.weight": (32, 32),
+        "blk.0.ffn_gate.weight": (64, 32),
+        "blk.0.ffn_up.weight": (64, 32),
+        "blk.0.ffn_down.weight": (32, 64),
     }
     for name, shape in shapes.items():
         data = rng.standard_normal(shape).astype(np.float32)
@@ -117,7 +128,10 @@ def test_unsupported_quant_type(tmp_path):
     from gufo.models.registry import check_supported_types
 
     # IQ4_NL has 32-element blocks of 18 bytes like Q4_0, so retyping a Q4_0 tensor keeps the file consistent.
-    assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL] == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0]
+    assert (
+        gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+        == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0]
+    )
     q40 = write_tiny(tmp_path / "iq2.gguf", qtype="Q4_0")
     reader = gguf.GGUFReader(q40)
     target = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
@@ -147,8 +161,12 @@ def test_cli_exit_code_and_single_line(tmp_path, case):
     else:
         good = write_tiny(tmp_path / "good.gguf")
         path.write_bytes(good.read_bytes()[:-64])
-    proc = subprocess.run([sys.executable, "-m", "gufo.cli.main", "info", str(path)], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gufo.cli.main", "info", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gufo: error:") and path.name in lines[0]

@@ -59,7 +59,9 @@ def library() -> ctypes.CDLL | None:
                 [compiler, *CFLAGS, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True, text=True
             )
             if proc.returncode != 0:
-                log.warning("compiling the CPU kernels failed, using the torch reference: %s", proc.stderr[-500:])
+                log.warning(
+                    "compiling the CPU kernels failed, using the torch reference: %s", proc.stderr[-500:]
+                )
                 return None
             os.replace(partial, target)  # atomic: concurrent first runs never load a half-written file
     lib = ctypes.CDLL(str(target))
@@ -111,9 +113,18 @@ def int8_matmul(act: QuantizedActivations, weight: Int8Weight) -> torch.Tensor:
     y = torch.empty(m, n)
     sums = act.sum16 if weight.group == 16 else act.sum32
     lib.gufo_qgemm(
-        m, n, k, weight.group, int(weight.signed), act.q.data_ptr(), act.scale.data_ptr(), sums.data_ptr(),
-        weight.q.data_ptr(), weight.scale.data_ptr(),
-        weight.offset.data_ptr() if weight.offset is not None else None, y.data_ptr(),
+        m,
+        n,
+        k,
+        weight.group,
+        int(weight.signed),
+        act.q.data_ptr(),
+        act.scale.data_ptr(),
+        sums.data_ptr(),
+        weight.q.data_ptr(),
+        weight.scale.data_ptr(),
+        weight.offset.data_ptr() if weight.offset is not None else None,
+        y.data_ptr(),
     )
     return y
 
@@ -129,21 +140,30 @@ class CpuInt8Linear:
 
     @staticmethod
     def prepare(info: TensorInfo) -> Int8Weight:
-        raw = torch.from_numpy(info.data.reshape(-1, info.data.shape[-1]))
-        blocks = unpack(info.qtype, raw)
+        blocks = unpack(info.qtype, info.data.reshape(-1, info.data.shape[-1]))
         q = blocks.q
         low, high = int(q.min()), int(q.max())
         shift = max(0, -low)
         if high + shift > 127:  # 8-bit values: keep signed, dot via abs/sign
-            return Int8Weight(q.contiguous().view(torch.uint8), blocks.scale.contiguous(), blocks.offset,
-                              blocks.group, signed=True)
+            return Int8Weight(
+                q.contiguous().view(torch.uint8),
+                blocks.scale.contiguous(),
+                blocks.offset,
+                blocks.group,
+                signed=True,
+            )
         offset = blocks.offset
         if shift:
             folded = -float(shift) * blocks.scale
             offset = folded if offset is None else offset + folded
         unsigned = (q.to(torch.int16) + shift).to(torch.uint8).contiguous()
-        return Int8Weight(unsigned, blocks.scale.contiguous(),
-                          offset.contiguous() if offset is not None else None, blocks.group, signed=False)
+        return Int8Weight(
+            unsigned,
+            blocks.scale.contiguous(),
+            offset.contiguous() if offset is not None else None,
+            blocks.group,
+            signed=False,
+        )
 
     @staticmethod
     def apply(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:

@@ -11,9 +11,9 @@ from gufo.quant import dequantize
 
 def dequantize_tensor(info: TensorInfo, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Float32 values of a 2-D GGUF tensor (or of the selected rows only)."""
-    raw = torch.from_numpy(info.data.reshape(-1, info.data.shape[-1]))
+    raw = info.data.reshape(-1, info.data.shape[-1])
     if rows is not None:
-        raw = raw[rows]
+        raw = raw[rows.numpy()]
     return dequantize(info.qtype, raw, info.shape[-1])
 
 

@@ -73,8 +73,13 @@ class SelfAttention:
         self.cfg, self.rope, self.scale, self.window = cfg, rope, scale, window
 
     def __call__(
-        self, x: torch.Tensor, rope_tables: tuple[torch.Tensor, torch.Tensor], cache: KVCache, layer: int,
-        slot: int, start_pos: int,
+        self,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        layer: int,
+        slot: int,
+        start_pos: int,
     ) -> torch.Tensor:
         cfg, n = self.cfg, x.shape[0]
         q = self.q(x).view(n, cfg.n_heads, cfg.key_dim)
@@ -121,8 +126,13 @@ class DecoderModel:
         self.ropes: list[Rope] = []
 
     def block(
-        self, index: int, x: torch.Tensor, tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]],
-        cache: KVCache, slot: int, start_pos: int,
+        self,
+        index: int,
+        x: torch.Tensor,
+        tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]],
+        cache: KVCache,
+        slot: int,
+        start_pos: int,
     ) -> torch.Tensor:
         raise NotImplementedError
 

@@ -23,8 +23,16 @@ DEFAULT_SWA_PATTERN = 6
 
 
 class Gemma3Layer:
-    def __init__(self, mf: ModelFile, index: int, cfg: ModelConfig, backend: str, rope: Rope,
-                 window: int | None, scale: float):
+    def __init__(
+        self,
+        mf: ModelFile,
+        index: int,
+        cfg: ModelConfig,
+        backend: str,
+        rope: Rope,
+        window: int | None,
+        scale: float,
+    ):
         prefix = f"blk.{index}"
         self.attn_norm = vector(mf, f"{prefix}.attn_norm.weight")
         self.post_attn_norm = vector(mf, f"{prefix}.post_attention_norm.weight")
@@ -54,9 +62,7 @@ class Gemma3Model(DecoderModel):
         for i in range(cfg.n_layers):
             is_global = window is None or (i + 1) % pattern == 0
             rope = global_rope if is_global else local_rope
-            self.layers.append(
-                Gemma3Layer(mf, i, cfg, backend, rope, None if is_global else window, scale)
-            )
+            self.layers.append(Gemma3Layer(mf, i, cfg, backend, rope, None if is_global else window, scale))
 
     def block(self, index: int, x: torch.Tensor, tables: dict, cache: KVCache, slot: int, start_pos: int):
         layer, eps = self.layers[index], self.config.rms_eps

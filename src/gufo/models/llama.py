@@ -36,11 +36,11 @@ class LlamaModel(DecoderModel):
             scale = float(mf.arch_key("rope.scaling.factor", 1.0))
         self.rope = Rope(rope_dim, float(mf.arch_key("rope.freq_base", 10000.0)), self.rope_neox, scale)
         self.ropes = [self.rope]
-        self.layers = [
-            LlamaLayer(mf, i, cfg, backend, self.rope, self.qk_norm) for i in range(cfg.n_layers)
-        ]
+        self.layers = [LlamaLayer(mf, i, cfg, backend, self.rope, self.qk_norm) for i in range(cfg.n_layers)]
 
     def block(self, index: int, x: torch.Tensor, tables: dict, cache: KVCache, slot: int, start_pos: int):
         layer, eps = self.layers[index], self.config.rms_eps
-        x = x + layer.attn(rms_norm(x, layer.attn_norm, eps), tables[self.rope], cache, index, slot, start_pos)
+        x = x + layer.attn(
+            rms_norm(x, layer.attn_norm, eps), tables[self.rope], cache, index, slot, start_pos
+        )
         return x + layer.ffn(rms_norm(x, layer.ffn_norm, eps))

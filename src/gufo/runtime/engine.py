@@ -74,9 +74,7 @@ class Engine:
         if batch_size <= 0:
             raise BadInputError(f"--batch-size must be positive, got {batch_size}")
         self.batch_size = batch_size
-        self.cache = KVCache(
-            cfg.n_layers, n_slots, cfg.n_kv_heads, self.context, cfg.key_dim, cfg.value_dim
-        )
+        self.cache = KVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, self.context, cfg.key_dim, cfg.value_dim)
 
     @property
     def config(self):
@@ -87,7 +85,9 @@ class Engine:
             raise BadInputError(f"prompt of {n_tokens} tokens does not fit the context size {self.context}")
 
     @torch.inference_mode()
-    def prefill(self, tokens: Sequence[int], slot: int = 0, start: int = 0, all_logits: bool = False) -> torch.Tensor:
+    def prefill(
+        self, tokens: Sequence[int], slot: int = 0, start: int = 0, all_logits: bool = False
+    ) -> torch.Tensor:
         """Run tokens through the model in chunks of `batch_size`; logits of the last (or every) token."""
         self.check_fits(start + len(tokens))
         if not tokens:

@@ -37,7 +37,7 @@ class KVCache:
     def append(
         self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v ([T, kv_heads, dim]) at positions start.. and return the slot's full [kv_heads, ctx, dim]."""
+        """Write k, v ([T, kv_heads, dim]) at positions start..; return the slot's [kv_heads, ctx, dim]."""
         end = start + k.shape[0]
         if end > self.context:
             raise BadInputError(f"sequence of {end} tokens exceeds the context size {self.context}")
@@ -47,9 +47,12 @@ class KVCache:
         return keys, values
 
     def snapshot(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(k[slot, :, :length].clone(), v[slot, :, :length].clone()) for k, v in zip(self.keys, self.values)]
+        return [
+            (k[slot, :, :length].clone(), v[slot, :, :length].clone())
+            for k, v in zip(self.keys, self.values, strict=True)
+        ]
 
     def restore(self, slot: int, saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        for (k, v), (sk, sv) in zip(zip(self.keys, self.values), saved):
+        for (k, v), (sk, sv) in zip(zip(self.keys, self.values, strict=True), saved, strict=True):
             k[slot, :, : sk.shape[1]] = sk
             v[slot, :, : sv.shape[1]] = sv

@@ -1,0 +1,79 @@
+"""`gufo run`: generate a continuation of a prompt, streamed to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gufo.cli.common import (
+    add_engine_flags,
+    add_sampling_flags,
+    make_engine,
+    non_negative_int,
+    sampling_params,
+)
+from gufo.runtime.trace import token_trace_line
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="generate text from a prompt",
+        description="Generate a continuation of PROMPT and stream it to stdout. A timing line (prompt and "
+        "generation tokens per second) goes to stderr.",
+    )
+    add_engine_flags(parser)
+    parser.add_argument(
+        "-p", "--prompt", required=True, help="prompt text (BOS is added when the model asks)"
+    )
+    parser.add_argument(
+        "-n",
+        "--n-predict",
+        type=non_negative_int,
+        default=128,
+        help="number of tokens to generate (default 128)",
+    )
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens"
+    )
+    parser.add_argument(
+        "--no-special", action="store_true", help="treat special-token text in the prompt as plain text"
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print [TokenTrace]: count=N sha256=H of the generated ids on stderr",
+    )
+    add_sampling_flags(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    params = sampling_params(args)
+    engine = make_engine(args)
+    tok = engine.tokenizer
+    prompt_ids = tok.encode(args.prompt, add_special=True, parse_special=not args.no_special)
+    engine.check_fits(len(prompt_ids) + max(args.n_predict - 1, 0))
+    stream = tok.stream_decoder()
+
+    def emit(token: int) -> None:
+        if not args.ignore_eos and token in tok.eog_ids:
+            return
+        sys.stdout.write(stream.push(token))
+        sys.stdout.flush()
+
+    result = engine.generate(
+        prompt_ids, args.n_predict, params, stop_at_eog=not args.ignore_eos, on_token=emit
+    )
+    sys.stdout.write(stream.flush() + "\n")
+    sys.stdout.flush()
+    print(
+        f"prompt: {len(prompt_ids)} tokens, {result.prompt_seconds * 1e3:.1f} ms, "
+        f"{result.prompt_tps:.2f} tok/s | "
+        f"generation: {len(result.generated_ids)} tokens, {result.generation_seconds * 1e3:.1f} ms, "
+        f"{result.generation_tps:.2f} tok/s",
+        file=sys.stderr,
+    )
+    if args.verbose:
+        print(token_trace_line(result.generated_ids), file=sys.stderr)
+    return 0
