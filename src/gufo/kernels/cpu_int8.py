@@ -71,13 +71,16 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+UNSIGNED8, SIGNED8, NIBBLES = 0, 1, 2  # weight layouts understood by gufo_qgemm
+
+
 @dataclass
 class Int8Weight:
-    q: torch.Tensor  # uint8 [N, K]: shifted unsigned values, or int8 bytes when signed
+    q: torch.Tensor  # uint8 [N, K] (shifted values or int8 bytes), or [N, K / 2] nibbles
     scale: torch.Tensor  # float32 [N, K / group]
     offset: torch.Tensor | None  # float32 [N, K / group], shift already folded in
     group: int
-    signed: bool
+    kind: int  # UNSIGNED8, SIGNED8 or NIBBLES
 
 
 @dataclass
@@ -117,7 +120,7 @@ def int8_matmul(act: QuantizedActivations, weight: Int8Weight) -> torch.Tensor:
         n,
         k,
         weight.group,
-        int(weight.signed),
+        weight.kind,
         act.q.data_ptr(),
         act.scale.data_ptr(),
         sums.data_ptr(),
@@ -127,6 +130,13 @@ def int8_matmul(act: QuantizedActivations, weight: Int8Weight) -> torch.Tensor:
         y.data_ptr(),
     )
     return y
+
+
+def pack_nibbles(values: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 -> [N, K / 2]: per 32-column block, byte i = col i | col (i + 16) << 4."""
+    n, k = values.shape
+    blocks = values.reshape(n, k // ACT_BLOCK, 2, ACT_BLOCK // 2)
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2)
 
 
 class CpuInt8Linear:
@@ -150,19 +160,22 @@ class CpuInt8Linear:
                 blocks.scale.contiguous(),
                 blocks.offset,
                 blocks.group,
-                signed=True,
+                SIGNED8,
             )
         offset = blocks.offset
         if shift:
             folded = -float(shift) * blocks.scale
             offset = folded if offset is None else offset + folded
-        unsigned = (q.to(torch.int16) + shift).to(torch.uint8).contiguous()
+        unsigned = (q.to(torch.int16) + shift).to(torch.uint8)
+        kind = UNSIGNED8
+        if high + shift <= 15:
+            unsigned, kind = pack_nibbles(unsigned), NIBBLES
         return Int8Weight(
-            unsigned,
+            unsigned.contiguous(),
             blocks.scale.contiguous(),
             offset.contiguous() if offset is not None else None,
             blocks.group,
-            signed=False,
+            kind,
         )
 
     @staticmethod

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gufo.gguf.model_file import ModelFile
-from gufo.models.layers import Embedding, Linear, Rope, attention, rms_norm, vector
+from gufo.models.layers import Embedding, FusedLinear, Linear, Rope, attention, rms_norm, vector
 from gufo.runtime.kv_cache import KVCache
 
 
@@ -64,9 +64,7 @@ class SelfAttention:
         qk_norm: bool,
         window: int | None = None,
     ):
-        self.q = Linear(mf, f"{prefix}.attn_q.weight", backend)
-        self.k = Linear(mf, f"{prefix}.attn_k.weight", backend)
-        self.v = Linear(mf, f"{prefix}.attn_v.weight", backend)
+        self.qkv = FusedLinear(mf, [f"{prefix}.attn_{n}.weight" for n in ("q", "k", "v")], backend)
         self.o = Linear(mf, f"{prefix}.attn_output.weight", backend)
         self.q_norm = vector(mf, f"{prefix}.attn_q_norm.weight") if qk_norm else None
         self.k_norm = vector(mf, f"{prefix}.attn_k_norm.weight") if qk_norm else None
@@ -82,9 +80,10 @@ class SelfAttention:
         start_pos: int,
     ) -> torch.Tensor:
         cfg, n = self.cfg, x.shape[0]
-        q = self.q(x).view(n, cfg.n_heads, cfg.key_dim)
-        k = self.k(x).view(n, cfg.n_kv_heads, cfg.key_dim)
-        v = self.v(x).view(n, cfg.n_kv_heads, cfg.value_dim)
+        q, k, v = self.qkv(x)
+        q = q.reshape(n, cfg.n_heads, cfg.key_dim)
+        k = k.reshape(n, cfg.n_kv_heads, cfg.key_dim)
+        v = v.reshape(n, cfg.n_kv_heads, cfg.value_dim)
         if self.q_norm is not None:
             q = rms_norm(q, self.q_norm, cfg.rms_eps)
             k = rms_norm(k, self.k_norm, cfg.rms_eps)
@@ -98,13 +97,13 @@ class GatedFFN:
     """down(act(gate(x)) * up(x)): SwiGLU with silu, GeGLU with tanh-GELU."""
 
     def __init__(self, mf: ModelFile, prefix: str, backend: str, act: Callable[[torch.Tensor], torch.Tensor]):
-        self.gate = Linear(mf, f"{prefix}.ffn_gate.weight", backend)
-        self.up = Linear(mf, f"{prefix}.ffn_up.weight", backend)
+        self.gate_up = FusedLinear(mf, [f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight"], backend)
         self.down = Linear(mf, f"{prefix}.ffn_down.weight", backend)
         self.act = act
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.gate(x)) * self.up(x))
+        gate, up = self.gate_up(x)
+        return self.down(self.act(gate) * up)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -166,6 +165,8 @@ class DecoderModel:
             for value in vars(obj).values():
                 if isinstance(value, Linear):
                     seen.append(value)
+                elif isinstance(value, FusedLinear):
+                    seen.extend(value.parts)
                 elif isinstance(value, SelfAttention | GatedFFN):
                     stack.append(value)
         return seen

@@ -5,28 +5,63 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gufo.gguf.model_file import ModelFile
+from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import registry
 from gufo.kernels.linear_reference import dequantize_tensor
 from gufo.runtime.kv_cache import KVCache
 
 
 class Linear:
-    """A GGUF weight matrix kept in the layout its kernel wants; the route is recorded for reports."""
+    """A GGUF weight matrix kept in the layout its kernel wants; the route is recorded for reports.
 
-    def __init__(self, model_file: ModelFile, name: str, backend: str):
-        info = model_file.tensor(name)
-        self.name = name
+    Several names of the same type and input width are stacked row-wise into one matrix, so one
+    product (and one activation quantization) serves them all.
+    """
+
+    def __init__(self, model_file: ModelFile, name: str | list[str], backend: str):
+        names = [name] if isinstance(name, str) else name
+        infos = [model_file.tensor(n) for n in names]
+        info = infos[0] if len(infos) == 1 else stack_rows(infos)
+        self.name = info.name
         self.qtype = info.qtype
         self.out_features, self.in_features = info.shape
+        self.split_sizes = [i.shape[0] for i in infos]
         self.route, self.kernel = registry.lookup(backend, "linear", info.qtype)
         self.weight = self.kernel.prepare(info)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel.apply(x, self.weight)
+
+
+def stack_rows(infos: list[TensorInfo]) -> TensorInfo:
+    first = infos[0]
+    rows = np.concatenate([i.data.reshape(-1, i.data.shape[-1]) for i in infos])
+    shape = (sum(i.shape[0] for i in infos), first.shape[1])
+    return TensorInfo("+".join(i.name for i in infos), first.qtype, shape, -1, rows.nbytes, rows)
+
+
+class FusedLinear:
+    """Weights that read the same input, merged per block format into as few products as possible."""
+
+    def __init__(self, model_file: ModelFile, names: list[str], backend: str):
+        by_type: dict[object, list[str]] = {}
+        for name in names:
+            info = model_file.tensor(name)
+            by_type.setdefault((info.qtype, info.shape[1]), []).append(name)
+        self.parts = [Linear(model_file, group, backend) for group in by_type.values()]
+        grouped = [name for group in by_type.values() for name in group]
+        self.order = [grouped.index(name) for name in names]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        outputs: list[torch.Tensor] = []
+        for part in self.parts:
+            y = part(x)
+            outputs.extend(y.split(part.split_sizes, dim=-1) if len(part.split_sizes) > 1 else [y])
+        return [outputs[i] for i in self.order]
 
 
 class Embedding:
@@ -45,7 +80,7 @@ def vector(model_file: ModelFile, name: str) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@
  * is an integer dot per block times two scales, plus offset * (sum of the block's activations).
  *
  * Unsigned weights (q + shift fits 0..127, formats of at most 7 bits) feed _mm256_maddubs_epi16
- * directly; the shift is folded into the offsets at load. Signed 8-bit weights (Q8_0) use the
- * abs/sign trick so the int16 pair sums cannot saturate.
+ * directly; the shift is folded into the offsets at load. Values that fit 0..15 are stored two per
+ * byte (byte i of a 32-column block holds column i in its low nibble and column i + 16 in its high
+ * nibble), halving the bytes decode has to stream. Signed 8-bit weights (Q8_0) use the abs/sign trick
+ * so the int16 pair sums cannot saturate.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -51,6 +53,17 @@ void gufo_quantize_act(int M, int K, const float *x, int8_t *xq, float *xs, floa
     }
 }
 
+static inline __m256i load_w8(const uint8_t *row, int b) {
+    return _mm256_loadu_si256((const __m256i *)(row + (size_t)b * QK));
+}
+
+static inline __m256i load_w4(const uint8_t *row, int b) {
+    const __m128i packed = _mm_loadu_si128((const __m128i *)(row + (size_t)b * (QK / 2)));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+    return _mm256_insertf128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
 static inline __m256i dot_u8s8(__m256i w, __m256i x, __m256i ones) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
 }
@@ -66,10 +79,11 @@ static inline __m256 weight_scale(const float *ws, int b, int group) {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(ws[2 * b])), _mm_set1_ps(ws[2 * b + 1]), 1);
 }
 
-#define TILE_FN(NAME, RM, RN, DOT)                                                                       \
+#define TILE_FN(NAME, RM, RN, DOT, LOAD, ROW_BYTES)                                                       \
     static inline void NAME(int K, int group, const int8_t *xq, const float *xs, const uint8_t *w,        \
                             const float *ws, int ldy, float *y, int m0, int n0) {                         \
         const int nb = K / QK, ng = K / group;                                                            \
+        const size_t row_bytes = (size_t)(ROW_BYTES);                                                     \
         const __m256i ones = _mm256_set1_epi16(1);                                                        \
         __m256 acc[RM][RN];                                                                               \
         for (int i = 0; i < RM; i++)                                                                      \
@@ -78,7 +92,7 @@ static inline __m256 weight_scale(const float *ws, int b, int group) {
             __m256i wv[RN];                                                                               \
             __m256 sv[RN];                                                                                \
             for (int j = 0; j < RN; j++) {                                                                \
-                wv[j] = _mm256_loadu_si256((const __m256i *)(w + (size_t)(n0 + j) * K + b * QK));         \
+                wv[j] = LOAD(w + (size_t)(n0 + j) * row_bytes, b);                                        \
                 sv[j] = weight_scale(ws + (size_t)(n0 + j) * ng, b, group);                               \
             }                                                                                             \
             for (int i = 0; i < RM; i++) {                                                                \
@@ -94,22 +108,37 @@ static inline __m256 weight_scale(const float *ws, int b, int group) {
             for (int j = 0; j < RN; j++) y[(size_t)(m0 + i) * ldy + n0 + j] = hsum256(acc[i][j]);         \
     }
 
-TILE_FN(tile_u_4x2, 4, 2, dot_u8s8)
-TILE_FN(tile_u_1x4, 1, 4, dot_u8s8)
-TILE_FN(tile_u_1x1, 1, 1, dot_u8s8)
-TILE_FN(tile_s_4x2, 4, 2, dot_s8s8)
-TILE_FN(tile_s_1x4, 1, 4, dot_s8s8)
-TILE_FN(tile_s_1x1, 1, 1, dot_s8s8)
+TILE_FN(tile_u_4x2, 4, 2, dot_u8s8, load_w8, K)
+TILE_FN(tile_u_1x4, 1, 4, dot_u8s8, load_w8, K)
+TILE_FN(tile_u_1x1, 1, 1, dot_u8s8, load_w8, K)
+TILE_FN(tile_s_4x2, 4, 2, dot_s8s8, load_w8, K)
+TILE_FN(tile_s_1x4, 1, 4, dot_s8s8, load_w8, K)
+TILE_FN(tile_s_1x1, 1, 1, dot_s8s8, load_w8, K)
+TILE_FN(tile_n_4x2, 4, 2, dot_u8s8, load_w4, K / 2)
+TILE_FN(tile_n_1x4, 1, 4, dot_u8s8, load_w4, K / 2)
+TILE_FN(tile_n_1x1, 1, 1, dot_u8s8, load_w4, K / 2)
+
+enum { W_UNSIGNED8 = 0, W_SIGNED8 = 1, W_NIBBLES = 2 };
+
+#define DISPATCH(KIND, SHAPE, ...)                                                                        \
+    do {                                                                                                  \
+        if ((KIND) == W_SIGNED8) tile_s_##SHAPE(__VA_ARGS__);                                             \
+        else if ((KIND) == W_NIBBLES) tile_n_##SHAPE(__VA_ARGS__);                                        \
+        else tile_u_##SHAPE(__VA_ARGS__);                                                                 \
+    } while (0)
 
 #define ROW_BLOCK 16
 
 /* y [M][N] = x [M][K] @ W[N][K]^T, with W = q * ws (+ woff), x quantized by gufo_quantize_act.
- * xsum is xsum16 when group == 16, else xsum32. woff may be NULL. */
-void gufo_qgemm(int M, int N, int K, int group, int signed_weights, const int8_t *xq, const float *xs,
+ * kind: W_UNSIGNED8, W_SIGNED8 or W_NIBBLES. xsum is xsum16 when group == 16, else xsum32.
+ * woff may be NULL. Decode-sized products (M == 1) stay on one thread: they are bound by memory
+ * bandwidth, which a second thread does not add to, and a fork/join per product costs more than
+ * it saves on a busy machine. */
+void gufo_qgemm(int M, int N, int K, int group, int kind, const int8_t *xq, const float *xs,
                 const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y) {
     const int ng = K / group;
     const int n_blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (M > 1)
     for (int nbk = 0; nbk < n_blocks; nbk++) {
         const int n_start = nbk * ROW_BLOCK;
         const int n_end = n_start + ROW_BLOCK < N ? n_start + ROW_BLOCK : N;
@@ -117,24 +146,18 @@ void gufo_qgemm(int M, int N, int K, int group, int signed_weights, const int8_t
         for (; m0 + 4 <= M; m0 += 4) {
             int n0 = n_start;
             for (; n0 + 2 <= n_end; n0 += 2) {
-                if (signed_weights) tile_s_4x2(K, group, xq, xs, w, ws, N, y, m0, n0);
-                else tile_u_4x2(K, group, xq, xs, w, ws, N, y, m0, n0);
+                DISPATCH(kind, 4x2, K, group, xq, xs, w, ws, N, y, m0, n0);
             }
             for (; n0 < n_end; n0++)
-                for (int i = 0; i < 4; i++) {
-                    if (signed_weights) tile_s_1x1(K, group, xq, xs, w, ws, N, y, m0 + i, n0);
-                    else tile_u_1x1(K, group, xq, xs, w, ws, N, y, m0 + i, n0);
-                }
+                for (int i = 0; i < 4; i++) DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, N, y, m0 + i, n0);
         }
         for (; m0 < M; m0++) {
             int n0 = n_start;
             for (; n0 + 4 <= n_end; n0 += 4) {
-                if (signed_weights) tile_s_1x4(K, group, xq, xs, w, ws, N, y, m0, n0);
-                else tile_u_1x4(K, group, xq, xs, w, ws, N, y, m0, n0);
+                DISPATCH(kind, 1x4, K, group, xq, xs, w, ws, N, y, m0, n0);
             }
             for (; n0 < n_end; n0++) {
-                if (signed_weights) tile_s_1x1(K, group, xq, xs, w, ws, N, y, m0, n0);
-                else tile_u_1x1(K, group, xq, xs, w, ws, N, y, m0, n0);
+                DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, N, y, m0, n0);
             }
         }
         if (woff != NULL) {
