@@ -96,11 +96,15 @@ def quantize_activations(x: torch.Tensor) -> QuantizedActivations:
     assert lib is not None
     m, k = x.shape
     x = x.contiguous()
+    # One allocation for the scales and sums (each a contiguous [m, ...] block): decode calls this
+    # about a hundred times per token.
+    blocks = k // ACT_BLOCK
+    floats = torch.empty(4 * m * blocks)
     act = QuantizedActivations(
         torch.empty(m, k, dtype=torch.int8),
-        torch.empty(m, k // ACT_BLOCK),
-        torch.empty(m, k // 16),
-        torch.empty(m, k // ACT_BLOCK),
+        floats[: m * blocks].view(m, blocks),
+        floats[2 * m * blocks :].view(m, 2 * blocks),
+        floats[m * blocks : 2 * m * blocks].view(m, blocks),
     )
     lib.gufo_quantize_act(
         m, k, x.data_ptr(), act.q.data_ptr(), act.scale.data_ptr(), act.sum16.data_ptr(), act.sum32.data_ptr()

@@ -131,7 +131,7 @@ def attention(
     first = 0 if window is None else max(0, end - n_tokens - window + 1)
     keys, values = keys[:, first:end], values[:, first:end]
     mask = None
-    if n_tokens > 1 or window is not None:
+    if n_tokens > 1:  # a single query sees exactly keys[first:end]: no mask needed
         q_pos = torch.arange(start_pos, end)[:, None]
         k_pos = torch.arange(first, end)[None, :]
         allowed = k_pos <= q_pos

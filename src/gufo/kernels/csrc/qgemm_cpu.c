@@ -131,14 +131,12 @@ enum { W_UNSIGNED8 = 0, W_SIGNED8 = 1, W_NIBBLES = 2 };
 
 /* y [M][N] = x [M][K] @ W[N][K]^T, with W = q * ws (+ woff), x quantized by gufo_quantize_act.
  * kind: W_UNSIGNED8, W_SIGNED8 or W_NIBBLES. xsum is xsum16 when group == 16, else xsum32.
- * woff may be NULL. Decode-sized products (M == 1) stay on one thread: they are bound by memory
- * bandwidth, which a second thread does not add to, and a fork/join per product costs more than
- * it saves on a busy machine. */
+ * woff may be NULL. Threads split the weight rows, so decode (M == 1) streams with every core. */
 void gufo_qgemm(int M, int N, int K, int group, int kind, const int8_t *xq, const float *xs,
                 const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y) {
     const int ng = K / group;
     const int n_blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK;
-#pragma omp parallel for schedule(static) if (M > 1)
+#pragma omp parallel for schedule(static)
     for (int nbk = 0; nbk < n_blocks; nbk++) {
         const int n_start = nbk * ROW_BLOCK;
         const int n_end = n_start + ROW_BLOCK < N ? n_start + ROW_BLOCK : N;
