@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from gufo.cli.common import (
     add_engine_flags,
@@ -12,6 +13,7 @@ from gufo.cli.common import (
     non_negative_int,
     sampling_params,
 )
+from gufo.errors import BadInputError
 from gufo.runtime.trace import token_trace_line
 
 
@@ -23,9 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "generation tokens per second) goes to stderr.",
     )
     add_engine_flags(parser)
-    parser.add_argument(
-        "-p", "--prompt", required=True, help="prompt text (BOS is added when the model asks)"
-    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("-p", "--prompt", help="prompt text (BOS is added when the model asks)")
+    source.add_argument("-f", "--file", type=Path, help="read the prompt text from this file")
     parser.add_argument(
         "-n",
         "--n-predict",
@@ -48,11 +50,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    try:
+        return args.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadInputError(f"--file {args.file}: cannot read: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     engine = make_engine(args)
     tok = engine.tokenizer
-    prompt_ids = tok.encode(args.prompt, add_special=True, parse_special=not args.no_special)
+    prompt_ids = tok.encode(read_prompt(args), add_special=True, parse_special=not args.no_special)
     engine.check_fits(len(prompt_ids) + max(args.n_predict - 1, 0))
     stream = tok.stream_decoder()
 
