@@ -20,7 +20,6 @@ from pathlib import Path
 
 import platformdirs
 import torch
-from gguf import GGMLQuantizationType
 
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.registry import register
@@ -68,6 +67,8 @@ def library() -> ctypes.CDLL | None:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     lib.gufo_quantize_act.argtypes = [i32, i32, ptr, ptr, ptr, ptr, ptr]
     lib.gufo_qgemm.argtypes = [i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.gufo_linear.argtypes = [i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr]
+    lib.gufo_linear.restype = i32
     return lib
 
 
@@ -83,64 +84,14 @@ class Int8Weight:
     kind: int  # UNSIGNED8, SIGNED8 or NIBBLES
 
 
-@dataclass
-class QuantizedActivations:
-    q: torch.Tensor
-    scale: torch.Tensor
-    sum16: torch.Tensor
-    sum32: torch.Tensor
-
-
-def quantize_activations(x: torch.Tensor) -> QuantizedActivations:
-    lib = library()
-    assert lib is not None
-    m, k = x.shape
-    x = x.contiguous()
-    # One allocation for the scales and sums (each a contiguous [m, ...] block): decode calls this
-    # about a hundred times per token.
-    blocks = k // ACT_BLOCK
-    floats = torch.empty(4 * m * blocks)
-    act = QuantizedActivations(
-        torch.empty(m, k, dtype=torch.int8),
-        floats[: m * blocks].view(m, blocks),
-        floats[2 * m * blocks :].view(m, 2 * blocks),
-        floats[m * blocks : 2 * m * blocks].view(m, blocks),
-    )
-    lib.gufo_quantize_act(
-        m, k, x.data_ptr(), act.q.data_ptr(), act.scale.data_ptr(), act.sum16.data_ptr(), act.sum32.data_ptr()
-    )
-    return act
-
-
-def int8_matmul(act: QuantizedActivations, weight: Int8Weight) -> torch.Tensor:
-    lib = library()
-    assert lib is not None
-    m, k = act.q.shape
-    n = weight.q.shape[0]
-    y = torch.empty(m, n)
-    sums = act.sum16 if weight.group == 16 else act.sum32
-    lib.gufo_qgemm(
-        m,
-        n,
-        k,
-        weight.group,
-        weight.kind,
-        act.q.data_ptr(),
-        act.scale.data_ptr(),
-        sums.data_ptr(),
-        weight.q.data_ptr(),
-        weight.scale.data_ptr(),
-        weight.offset.data_ptr() if weight.offset is not None else None,
-        y.data_ptr(),
-    )
-    return y
-
-
 def pack_nibbles(values: torch.Tensor) -> torch.Tensor:
     """[N, K] values 0..15 -> [N, K / 2]: per 32-column block, byte i = col i | col (i + 16) << 4."""
     n, k = values.shape
     blocks = values.reshape(n, k // ACT_BLOCK, 2, ACT_BLOCK // 2)
     return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2)
+
+
+_LIB: ctypes.CDLL | None = None  # set once `available()` has built the library
 
 
 class CpuInt8Linear:
@@ -150,7 +101,9 @@ class CpuInt8Linear:
 
     @staticmethod
     def available() -> bool:
-        return library() is not None
+        global _LIB
+        _LIB = library()
+        return _LIB is not None
 
     @staticmethod
     def prepare(info: TensorInfo) -> Int8Weight:
@@ -185,11 +138,28 @@ class CpuInt8Linear:
     @staticmethod
     def apply(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
         lead = x.shape[:-1]
-        flat = x.reshape(-1, x.shape[-1]).float()
-        return int8_matmul(quantize_activations(flat), weight).reshape(*lead, -1)
+        flat = x.reshape(-1, x.shape[-1]).float().contiguous()
+        m, k = flat.shape
+        n = weight.q.shape[0]
+        y = torch.empty(m, n)
+        failed = _LIB.gufo_linear(
+            m,
+            n,
+            k,
+            weight.group,
+            weight.kind,
+            flat.data_ptr(),
+            weight.q.data_ptr(),
+            weight.scale.data_ptr(),
+            weight.offset.data_ptr() if weight.offset is not None else None,
+            y.data_ptr(),
+        )
+        if failed:
+            raise MemoryError(f"CPU linear: no memory for a {m}x{k} activation buffer")
+        return y.reshape(*lead, n)
 
 
 for _qtype in QUANTIZED_QTYPES:
     register("cpu", "linear", _qtype)(CpuInt8Linear)
 
-__all__ = ["CpuInt8Linear", "GGMLQuantizationType", "Int8Weight", "int8_matmul", "quantize_activations"]
+__all__ = ["CpuInt8Linear", "Int8Weight"]

@@ -93,21 +93,28 @@ class Rope:
     scale: float = 1.0  # linear position scaling (positions are divided by it)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin per rotated column, [T, dim], laid out to match `rotated`."""
         inv_freq = 1.0 / (self.base ** (torch.arange(0, self.dim, 2, dtype=torch.float64) / self.dim))
         angles = positions.to(torch.float64)[:, None] / self.scale * inv_freq[None, :]
-        return angles.cos().to(torch.float32), angles.sin().to(torch.float32)
+        cos, sin = angles.cos().to(torch.float32), angles.sin().to(torch.float32)
+        if self.neox:
+            return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+        return cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
+
+    def rotated(self, x: torch.Tensor) -> torch.Tensor:
+        """The partner of each column: (x2, x1) halves for NeoX, swapped adjacent pairs otherwise."""
+        if self.neox:
+            half = self.dim // 2
+            return torch.cat((x[..., half:], x[..., :half]), -1)
+        return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]; cos/sin: [T, dim/2]."""
-        rot, rest = x[..., : self.dim], x[..., self.dim :]
+        """x: [T, heads, head_dim]; cos/sin from `tables`."""
         cos, sin = cos[:, None, :], sin[:, None, :]
-        if self.neox:
-            a, b = rot[..., : self.dim // 2], rot[..., self.dim // 2 :]
-            out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
-        else:
-            a, b = rot[..., 0::2], rot[..., 1::2]
-            out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-        return torch.cat((out, rest), dim=-1) if rest.numel() else out
+        if self.dim == x.shape[-1]:
+            return x * cos + self.rotated(x) * sin
+        rot, rest = x[..., : self.dim], x[..., self.dim :]
+        return torch.cat((rot * cos + self.rotated(rot) * sin, rest), -1)
 
 
 def attention(
