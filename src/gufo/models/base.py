@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gufo.gguf.model_file import ModelFile
-from gufo.models.layers import Embedding, FusedLinear, Linear, Rope, attention, rms_norm, vector
+from gufo.models.layers import Embedding, FusedLinear, Linear, RMSNorm, Rope, attention
 from gufo.runtime.kv_cache import KVCache
 
 
@@ -66,8 +66,9 @@ class SelfAttention:
     ):
         self.qkv = FusedLinear(mf, [f"{prefix}.attn_{n}.weight" for n in ("q", "k", "v")], backend)
         self.o = Linear(mf, f"{prefix}.attn_output.weight", backend)
-        self.q_norm = vector(mf, f"{prefix}.attn_q_norm.weight") if qk_norm else None
-        self.k_norm = vector(mf, f"{prefix}.attn_k_norm.weight") if qk_norm else None
+        eps = cfg.rms_eps
+        self.q_norm = RMSNorm(mf, f"{prefix}.attn_q_norm.weight", eps, backend) if qk_norm else None
+        self.k_norm = RMSNorm(mf, f"{prefix}.attn_k_norm.weight", eps, backend) if qk_norm else None
         self.cfg, self.rope, self.scale, self.window = cfg, rope, scale, window
 
     def __call__(
@@ -85,8 +86,8 @@ class SelfAttention:
         k = k.reshape(n, cfg.n_kv_heads, cfg.key_dim)
         v = v.reshape(n, cfg.n_kv_heads, cfg.value_dim)
         if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, cfg.rms_eps)
-            k = rms_norm(k, self.k_norm, cfg.rms_eps)
+            q = self.q_norm(q)
+            k = self.k_norm(k)
         q = self.rope.apply(q, *rope_tables)
         k = self.rope.apply(k, *rope_tables)
         out = attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window)
@@ -119,7 +120,7 @@ class DecoderModel:
         self.config = cfg
         self.backend = backend
         self.embedding = Embedding(mf, "token_embd.weight")
-        self.output_norm = vector(mf, "output_norm.weight")
+        self.output_norm = RMSNorm(mf, "output_norm.weight", cfg.rms_eps, backend)
         output_name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
         self.output = Linear(mf, output_name, backend)
         self.ropes: list[Rope] = []
@@ -148,7 +149,7 @@ class DecoderModel:
             x = self.block(index, x, tables, cache, slot, start_pos)
         if not all_logits:
             x = x[-1:]
-        return self.output(rms_norm(x, self.output_norm, self.config.rms_eps))
+        return self.output(self.output_norm(x))
 
     def routes(self) -> dict[str, str]:
         """Which kernel family ran each linear qtype (for reports)."""

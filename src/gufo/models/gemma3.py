@@ -14,7 +14,7 @@ import torch
 
 from gufo.gguf.model_file import ModelFile
 from gufo.models.base import DecoderModel, GatedFFN, ModelConfig, SelfAttention
-from gufo.models.layers import Rope, gelu_tanh, rms_norm, vector
+from gufo.models.layers import RMSNorm, Rope, gelu_tanh
 from gufo.models.registry import register_architecture
 from gufo.runtime.kv_cache import KVCache
 
@@ -34,10 +34,10 @@ class Gemma3Layer:
         scale: float,
     ):
         prefix = f"blk.{index}"
-        self.attn_norm = vector(mf, f"{prefix}.attn_norm.weight")
-        self.post_attn_norm = vector(mf, f"{prefix}.post_attention_norm.weight")
-        self.ffn_norm = vector(mf, f"{prefix}.ffn_norm.weight")
-        self.post_ffn_norm = vector(mf, f"{prefix}.post_ffw_norm.weight")
+        self.attn_norm = RMSNorm(mf, f"{prefix}.attn_norm.weight", cfg.rms_eps, backend)
+        self.post_attn_norm = RMSNorm(mf, f"{prefix}.post_attention_norm.weight", cfg.rms_eps, backend)
+        self.ffn_norm = RMSNorm(mf, f"{prefix}.ffn_norm.weight", cfg.rms_eps, backend)
+        self.post_ffn_norm = RMSNorm(mf, f"{prefix}.post_ffw_norm.weight", cfg.rms_eps, backend)
         self.rope = rope
         self.attn = SelfAttention(mf, prefix, cfg, backend, rope, scale, qk_norm=True, window=window)
         self.ffn = GatedFFN(mf, prefix, backend, gelu_tanh)
@@ -65,8 +65,8 @@ class Gemma3Model(DecoderModel):
             self.layers.append(Gemma3Layer(mf, i, cfg, backend, rope, None if is_global else window, scale))
 
     def block(self, index: int, x: torch.Tensor, tables: dict, cache: KVCache, slot: int, start_pos: int):
-        layer, eps = self.layers[index], self.config.rms_eps
-        h = layer.attn(rms_norm(x, layer.attn_norm, eps), tables[layer.rope], cache, index, slot, start_pos)
-        x = x + rms_norm(h, layer.post_attn_norm, eps)
-        h = layer.ffn(rms_norm(x, layer.ffn_norm, eps))
-        return x + rms_norm(h, layer.post_ffn_norm, eps)
+        layer = self.layers[index]
+        h = layer.attn(layer.attn_norm(x), tables[layer.rope], cache, index, slot, start_pos)
+        x = x + layer.post_attn_norm(h)
+        h = layer.ffn(layer.ffn_norm(x))
+        return x + layer.post_ffn_norm(h)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from gufo.gguf.model_file import ModelFile, TensorInfo
-from gufo.kernels import registry
+from gufo.kernels import backends, registry  # noqa: F401  (backends registers every kernel)
 from gufo.kernels.linear_reference import dequantize_tensor
 from gufo.runtime.kv_cache import KVCache
 
@@ -79,8 +79,16 @@ def vector(model_file: ModelFile, name: str) -> torch.Tensor:
     return dequantize_tensor(model_file.tensor(name)).reshape(-1)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x, weight.shape, weight, eps)
+class RMSNorm:
+    """x / rms(x) * weight over the last dimension, by the backend's kernel."""
+
+    def __init__(self, model_file: ModelFile, name: str, eps: float, backend: str):
+        self.weight = vector(model_file, name).contiguous()
+        self.eps = eps
+        self.route, self.kernel = registry.lookup(backend, "rms_norm")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel.apply(x, self.weight, self.eps)
 
 
 @dataclass(frozen=True)
@@ -137,19 +145,23 @@ def attention(
     end = start_pos + n_tokens
     first = 0 if window is None else max(0, end - n_tokens - window + 1)
     keys, values = keys[:, first:end], values[:, first:end]
-    mask = None
-    if n_tokens > 1:  # a single query sees exactly keys[first:end]: no mask needed
-        q_pos = torch.arange(start_pos, end)[:, None]
-        k_pos = torch.arange(first, end)[None, :]
-        allowed = k_pos <= q_pos
-        if window is not None:
-            allowed &= k_pos > q_pos - window
-        mask = allowed
+    if n_tokens == 1:
+        # Decode: one query per head sees exactly keys[first:end]; grouped heads share a KV head, so
+        # two small batched products beat the general kernel's setup cost.
+        n_kv = keys.shape[0]
+        grouped = q.reshape(n_kv, -1, q.shape[-1])
+        probs = torch.softmax(torch.matmul(grouped, keys.transpose(1, 2)) * scale, dim=-1)
+        return torch.matmul(probs, values).reshape(1, -1)
+    q_pos = torch.arange(start_pos, end)[:, None]
+    k_pos = torch.arange(first, end)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         keys.unsqueeze(0),
         values.unsqueeze(0),
-        attn_mask=mask,
+        attn_mask=allowed,
         scale=scale,
         enable_gqa=True,
     )

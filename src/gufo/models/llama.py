@@ -6,7 +6,7 @@ import torch
 
 from gufo.gguf.model_file import ModelFile
 from gufo.models.base import DecoderModel, GatedFFN, ModelConfig, SelfAttention, silu
-from gufo.models.layers import Rope, default_attention_scale, rms_norm, vector
+from gufo.models.layers import RMSNorm, Rope, default_attention_scale
 from gufo.models.registry import register_architecture
 from gufo.runtime.kv_cache import KVCache
 
@@ -14,8 +14,8 @@ from gufo.runtime.kv_cache import KVCache
 class LlamaLayer:
     def __init__(self, mf: ModelFile, index: int, cfg: ModelConfig, backend: str, rope: Rope, qk_norm: bool):
         prefix = f"blk.{index}"
-        self.attn_norm = vector(mf, f"{prefix}.attn_norm.weight")
-        self.ffn_norm = vector(mf, f"{prefix}.ffn_norm.weight")
+        self.attn_norm = RMSNorm(mf, f"{prefix}.attn_norm.weight", cfg.rms_eps, backend)
+        self.ffn_norm = RMSNorm(mf, f"{prefix}.ffn_norm.weight", cfg.rms_eps, backend)
         self.attn = SelfAttention(
             mf, prefix, cfg, backend, rope, default_attention_scale(cfg.key_dim), qk_norm=qk_norm
         )
@@ -39,8 +39,6 @@ class LlamaModel(DecoderModel):
         self.layers = [LlamaLayer(mf, i, cfg, backend, self.rope, self.qk_norm) for i in range(cfg.n_layers)]
 
     def block(self, index: int, x: torch.Tensor, tables: dict, cache: KVCache, slot: int, start_pos: int):
-        layer, eps = self.layers[index], self.config.rms_eps
-        x = x + layer.attn(
-            rms_norm(x, layer.attn_norm, eps), tables[self.rope], cache, index, slot, start_pos
-        )
-        return x + layer.ffn(rms_norm(x, layer.ffn_norm, eps))
+        layer = self.layers[index]
+        x = x + layer.attn(layer.attn_norm(x), tables[self.rope], cache, index, slot, start_pos)
+        return x + layer.ffn(layer.ffn_norm(x))

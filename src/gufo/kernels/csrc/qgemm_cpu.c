@@ -186,3 +186,25 @@ int gufo_linear(int M, int N, int K, int group, int kind, const float *x, const 
     free(scratch);
     return 0;
 }
+
+/* y [M][K] = x / sqrt(mean(x^2) + eps) * w, rows independent (also used per attention head). */
+void gufo_rms_norm(int M, int K, const float *x, const float *w, float eps, float *y) {
+    for (int m = 0; m < M; m++) {
+        const float *src = x + (size_t)m * K;
+        float *dst = y + (size_t)m * K;
+        __m256 acc = _mm256_setzero_ps();
+        int k = 0;
+        for (; k + 8 <= K; k += 8) {
+            const __m256 v = _mm256_loadu_ps(src + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float sum = hsum256(acc);
+        for (; k < K; k++) sum += src[k] * src[k];
+        const float inv = 1.0f / sqrtf(sum / (float)K + eps);
+        const __m256 scale = _mm256_set1_ps(inv);
+        for (k = 0; k + 8 <= K; k += 8)
+            _mm256_storeu_ps(dst + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(src + k), scale),
+                                                    _mm256_loadu_ps(w + k)));
+        for (; k < K; k++) dst[k] = src[k] * inv * w[k];
+    }
+}
