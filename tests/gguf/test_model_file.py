@@ -171,3 +171,12 @@ def test_cli_exit_code_and_single_line(tmp_path, case):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gufo: error:") and path.name in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_cli_unknown_architecture_exit_2(tmp_path, capsys):
+    from gufo.cli.main import main
+
+    path = write_tiny(tmp_path / "arch.gguf", arch="mamba9")
+    assert main(["run", "-m", str(path), "-p", "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "arch.gguf: unknown architecture 'mamba9'" in err[0]

@@ -65,10 +65,9 @@ def library() -> ctypes.CDLL | None:
             os.replace(partial, target)  # atomic: concurrent first runs never load a half-written file
     lib = ctypes.CDLL(str(target))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.gufo_quantize_act.argtypes = [i32, i32, ptr, ptr, ptr, ptr, ptr]
-    lib.gufo_qgemm.argtypes = [i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.gufo_linear.argtypes = [i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr]
     lib.gufo_linear.restype = i32
+    lib.gufo_rms_norm.argtypes = [i32, i32, ptr, ptr, ctypes.c_float, ptr]
     return lib
 
 

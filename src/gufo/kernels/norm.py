@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from gufo.kernels.cpu_int8 import library
@@ -25,18 +23,7 @@ class CpuRmsNorm:
 
     @staticmethod
     def available() -> bool:
-        lib = library()
-        if lib is None:
-            return False
-        lib.gufo_rms_norm.argtypes = [
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_float,
-            ctypes.c_void_p,
-        ]
-        return True
+        return library() is not None
 
     @staticmethod
     def apply(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -45,14 +45,3 @@ class KVCache:
         keys[:, start:end] = k.transpose(0, 1)
         values[:, start:end] = v.transpose(0, 1)
         return keys, values
-
-    def snapshot(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [
-            (k[slot, :, :length].clone(), v[slot, :, :length].clone())
-            for k, v in zip(self.keys, self.values, strict=True)
-        ]
-
-    def restore(self, slot: int, saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        for (k, v), (sk, sv) in zip(zip(self.keys, self.values, strict=True), saved, strict=True):
-            k[slot, :, : sk.shape[1]] = sk
-            v[slot, :, : sv.shape[1]] = sv
