@@ -163,8 +163,12 @@ void gufo_qgemm(int M, int N, int K, int group, int kind, const int8_t *xq, cons
             for (int m = 0; m < M; m++)
                 for (int n = n_start; n < n_end; n++) {
                     const float *o = woff + (size_t)n * ng, *s = xsum + (size_t)m * ng;
-                    float acc = 0.0f;
-                    for (int g = 0; g < ng; g++) acc += o[g] * s[g];
+                    __m256 vacc = _mm256_setzero_ps();
+                    int g = 0;
+                    for (; g + 8 <= ng; g += 8)
+                        vacc = _mm256_fmadd_ps(_mm256_loadu_ps(o + g), _mm256_loadu_ps(s + g), vacc);
+                    float acc = hsum256(vacc);
+                    for (; g < ng; g++) acc += o[g] * s[g];
                     y[(size_t)m * N + n] += acc;
                 }
         }
