@@ -98,6 +98,7 @@ def test_run_greedy_prefix_and_token_trace(capsys, alias):
     expected_ids = prompt["greedy_ids"][:robust]
     assert f"[TokenTrace]: count={robust} sha256={trace_of(expected_ids)}" in err
     assert "tok/s" in err
+    assert "[Routes]: " in err and "rms_norm=" in err
 
 
 def test_prompt_longer_than_context_is_bad_input(capsys):

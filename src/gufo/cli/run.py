@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--verbose",
         action="store_true",
-        help="also print [TokenTrace]: count=N sha256=H of the generated ids on stderr",
+        help="also print [TokenTrace]: count=N sha256=H of the generated ids, and the kernel route of each "
+        "op, on stderr",
     )
     add_sampling_flags(parser)
     parser.set_defaults(func=run)
@@ -86,5 +87,7 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.verbose:
+        routes = " ".join(f"{op}={route}" for op, route in sorted(engine.model.routes().items()))
+        print(f"[Routes]: {routes}", file=sys.stderr)
         print(token_trace_line(result.generated_ids), file=sys.stderr)
     return 0

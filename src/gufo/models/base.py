@@ -152,8 +152,8 @@ class DecoderModel:
         return self.output(self.output_norm(x))
 
     def routes(self) -> dict[str, str]:
-        """Which kernel family ran each linear qtype (for reports)."""
-        found: dict[str, str] = {}
+        """Which kernel ran each op (per linear block format), as `backend:kernel`, for reports."""
+        found: dict[str, str] = {"rms_norm": f"{self.output_norm.route}:{self.output_norm.kernel.name}"}
         for obj in self._linears():
             found.setdefault(f"linear.{obj.qtype.name}", f"{obj.route}:{obj.kernel.name}")
         return found
