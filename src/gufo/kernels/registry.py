@@ -34,6 +34,3 @@ def lookup(backend: str, op: str, qtype: Any = AnyQType) -> tuple[str, Any]:
             return REFERENCE_BACKEND, _KERNELS[key]
     raise KeyError(f"no kernel for op {op!r} and type {qtype!r}")
 
-
-def registered() -> list[tuple[str, str, Any]]:
-    return sorted(_KERNELS, key=str)
