@@ -66,66 +66,37 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# (flag, SamplingParams field, parser, help) for the flags that map one-to-one onto a field.
+SAMPLING_FLAGS = (
+    ("--temp", "temperature", float, "temperature; 0 = greedy argmax, ties to the lowest id"),
+    ("--top-k", "top_k", non_negative_int, "keep the K most likely tokens; 0 = off"),
+    ("--top-p", "top_p", float, "nucleus sampling threshold; 1.0 = off"),
+    ("--min-p", "min_p", float, "drop tokens below min-p times the top probability; 0 = off"),
+    ("--repeat-penalty", "repeat_penalty", float, "penalty for recently seen tokens; 1.0 = off"),
+    ("--repeat-last-n", "repeat_last_n", int, "how many recent tokens the penalty sees; -1 = all"),
+)
+
+
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     defaults = SamplingParams()
     group = parser.add_argument_group("sampling (llama.cpp order: penalty, top-k, top-p, min-p, temperature)")
-    group.add_argument(
-        "--temp",
-        type=float,
-        default=defaults.temperature,
-        help=f"temperature; 0 = greedy argmax, ties to the lowest id (default {defaults.temperature})",
-    )
-    group.add_argument(
-        "--top-k",
-        type=non_negative_int,
-        default=defaults.top_k,
-        help=f"keep the K most likely tokens; 0 = off (default {defaults.top_k})",
-    )
-    group.add_argument(
-        "--top-p",
-        type=float,
-        default=defaults.top_p,
-        help=f"nucleus sampling threshold; 1.0 = off (default {defaults.top_p})",
-    )
-    group.add_argument(
-        "--min-p",
-        type=float,
-        default=defaults.min_p,
-        help=f"drop tokens below min-p times the top probability; 0 = off (default {defaults.min_p})",
-    )
-    group.add_argument(
-        "--repeat-penalty",
-        type=float,
-        default=defaults.repeat_penalty,
-        help=f"penalty for recently seen tokens; 1.0 = off (default {defaults.repeat_penalty})",
-    )
-    group.add_argument(
-        "--repeat-last-n",
-        type=int,
-        default=defaults.repeat_last_n,
-        help=f"how many recent tokens the penalty sees; -1 = all (default {defaults.repeat_last_n})",
-    )
+    for flag, field, parse, text in SAMPLING_FLAGS:
+        default = getattr(defaults, field)
+        group.add_argument(flag, dest=field, type=parse, default=default, help=f"{text} (default {default})")
     group.add_argument("-s", "--seed", type=int, default=None, help="random seed (default: random)")
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    if args.temp < 0:
-        raise BadInputError(f"--temp must be >= 0, got {args.temp}")
+    if args.temperature < 0:
+        raise BadInputError(f"--temp must be >= 0, got {args.temperature}")
     if not 0.0 < args.top_p <= 1.0:
         raise BadInputError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 0.0 <= args.min_p <= 1.0:
         raise BadInputError(f"--min-p must be in [0, 1], got {args.min_p}")
     if args.repeat_penalty <= 0:
         raise BadInputError(f"--repeat-penalty must be > 0, got {args.repeat_penalty}")
-    return SamplingParams(
-        temperature=args.temp,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty,
-        repeat_last_n=args.repeat_last_n,
-        seed=args.seed,
-    )
+    fields = {field: getattr(args, field) for _, field, _, _ in SAMPLING_FLAGS}
+    return SamplingParams(seed=args.seed, **fields)
 
 
 def make_engine(args: argparse.Namespace):
