@@ -62,6 +62,7 @@ class Header:
     version: int
     metadata: dict[str, Any]
     value_types: dict[str, GGUFValueType]
+    item_types: dict[str, GGUFValueType]  # element type of each ARRAY value (needed to write it back)
     tensors: list[RawTensorInfo]
     data_start: int
 
@@ -131,9 +132,14 @@ def parse_header(buf: mmap.mmap | bytes) -> Header:
         raise HeaderError(f"implausible counts: {n_tensors} tensors, {n_kv} metadata keys")
     metadata: dict[str, Any] = {}
     value_types: dict[str, GGUFValueType] = {}
+    item_types: dict[str, GGUFValueType] = {}
     for index in range(n_kv):
         key = cur.string(f"metadata key #{index}")
         vtype = cur.value_type(f"metadata '{key}'")
+        if vtype == GGUFValueType.ARRAY:  # peek at the element type; value() reads it again
+            start = cur.pos
+            item_types[key] = cur.value_type(f"metadata '{key}'")
+            cur.pos = start
         metadata[key] = cur.value(vtype, f"metadata '{key}'")
         value_types[key] = vtype
     tensors: list[RawTensorInfo] = []
@@ -150,4 +156,4 @@ def parse_header(buf: mmap.mmap | bytes) -> Header:
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise HeaderError(f"invalid general.alignment {alignment!r}")
     data_start = (cur.pos + alignment - 1) // alignment * alignment
-    return Header(version, metadata, value_types, tensors, data_start)
+    return Header(version, metadata, value_types, item_types, tensors, data_start)

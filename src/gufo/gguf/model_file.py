@@ -54,6 +54,8 @@ class ModelFile:
             raise BadInputError(f"{self.label}: {err}") from None
         self.version = header.version
         self.metadata: dict[str, Any] = header.metadata
+        self.value_types = header.value_types
+        self.item_types = header.item_types
         whole = np.frombuffer(self._map, dtype=np.uint8)
         self.tensors: dict[str, TensorInfo] = {}
         for raw in header.tensors:
