@@ -1,0 +1,478 @@
+"""Skinny quantized products y = x @ W^T for decode and small batches (M = 1..16 activation rows).
+
+Weight layout ("field planes", made once by `prepare`): each GGUF block is a packed struct (fp16 scales,
+then quant bytes); the kernels read each field from its own contiguous plane instead, row-major
+[N, n_blocks * field bytes], fp16 fields viewed as float16 and Q5_0's 4 high-bit bytes as one int32.
+That is a pure byte permutation of the file (`split_fields`; joining the planes block by block gives
+the file's bytes back), so a row tile's quant bytes are one contiguous, aligned run that loads in wide
+vectors, which the 18/20/22/34-byte structs of the 32-element formats prevent. F16/BF16/F32 weights
+keep their own dtype ([N, K]).
+
+Kernels (one per format, named `gemv_<format>` so profiles and resource reports read on their own):
+each program owns BLOCK_N output rows and BLOCK_M activation rows and walks K in steps of STEP input
+columns (8 blocks of Q4_0/Q4_1/Q5_0, 4 blocks of Q8_0, one 256-element super-block of the K-quants,
+128 columns of float weights). Each step loads the packed bytes of its BLOCK_N x STEP tile once,
+dequantizes them in registers to float32 exactly as `gufo.quant` does (q * scale (+ offset), K-quant
+scales = d * 6-bit scale), and multiplies that tile against all BLOCK_M activation rows, so the weight
+traffic (what bounds decode) does not grow with M. Nibble formats are not interleaved back into
+element order: the low-nibble and high-nibble halves are each paired with the activation columns they
+belong to, which is the same dot product without shuffles.
+
+The product of a dequantized tile with the activations, accumulated in float32:
+  - float32 activations, or fewer than DOT_MIN_ROWS rows: broadcast multiply and row sums on the
+    vector units (float32 weights, within float32 rounding of the reference);
+  - float16/bfloat16 activations with DOT_MIN_ROWS..16 rows on NVIDIA: `tl.dot` on the tensor cores
+    with the tile rounded to the activation dtype, BLOCK_M = 16 (on ROCm that tile spilled registers
+    on gfx1151, so AMD keeps the vector path until it is tuned).
+Block sizes are ones that compiled without register spills for sm_90 and gfx1151; speed tuning on
+the H200 is still to come.
+M > 16 launches more row tiles, each re-reading the weights: prefill wants a GEMM of its own.
+
+Split-K, for matrices with too few row tiles to fill the GPU: the K steps are cut into `splits`
+ranges, one per program along grid axis 1, writing float32 partials [splits, M, N] that are summed
+afterwards; deterministic (no atomics), so repeated runs give identical tokens.
+
+No CUDA-only intrinsics or inline asm: the same source compiles for NVIDIA and AMD (wave64 and wave32).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from gguf import GGMLQuantizationType
+
+from gufo.gguf.model_file import TensorInfo
+from gufo.kernels.registry import register
+from gufo.quant import block_shape
+
+Q = GGMLQuantizationType
+
+DOT_MIN_ROWS = 4  # from here on half-precision activations go through tl.dot (tensor cores)
+MAX_BLOCK_M = 16
+MAX_SPLITS = 16
+PIECE = 128  # columns of every dequantized tile a kernel hands to _accumulate
+# Bound on BLOCK_M * BLOCK_N * PIECE of the broadcast product, and BLOCK_N of the tl.dot path: sizes
+# that compiled without register spills for sm_90 (and, the broadcast product, gfx1151) with Triton 3.6
+# and 4 warps, checked offline with `gufo kernels report` on the Triton cache.
+FMA_TILE_ELEMENTS = 4096
+DOT_BLOCK_N = 32
+NUM_WARPS = 4
+
+# --------------------------------------------------------------------------------------------------
+# shared device helpers
+
+
+@triton.jit
+def _program(M, N, n_steps, steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's output rows n, activation rows m, split index and K-step range [first, last)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    first = split * steps_per_split
+    last = tl.minimum(first + steps_per_split, n_steps)
+    return n, m, split, first, last
+
+
+@triton.jit
+def _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w, USE_DOT: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] += x[m, k] @ w^T, with w a dequantized tile whose columns are inputs k.
+
+    w may be 3-D [BLOCK_N, a, b] (blocks x elements); its row-major flattening matches k.
+    """
+    w = tl.reshape(w, (w.shape[0], k.shape[0]))
+    x = tl.load(
+        x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m < M)[:, None] & (k < K)[None, :], other=0.0
+    )
+    if USE_DOT:
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+    else:
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
+def _store(out_ptr, acc, m, n, M, N, split):
+    """out[split, m, n] = acc (converted to out's dtype)."""
+    rows = (split * M + m[:, None]).to(tl.int64)
+    tl.store(out_ptr + rows * N + n[None, :], acc, mask=(m < M)[:, None] & (n < N)[None, :])
+
+
+@triton.jit
+def _kquant_scale_min(ptr, s):
+    """Q4_K/Q5_K 6-bit (scale, min) of sub-blocks s (0..7) from the 12 packed bytes at ptr."""
+    a = tl.load(ptr + s)
+    b = tl.load(ptr + s + 4)
+    c = tl.load(ptr + (s ^ 4))  # s - 4 for s >= 4 (unused below that)
+    low = s < 4
+    scale = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4))
+    minimum = tl.where(low, b & 63, (b >> 4) | ((a >> 6) << 4))
+    return scale.to(tl.float32), minimum.to(tl.float32)
+
+
+# --------------------------------------------------------------------------------------------------
+# 32-element block formats: STEP // 32 blocks per step, tiles [BLOCK_N, blocks, elements]
+
+
+@triton.jit
+def gemv_q4_0(
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    BLOCKS: tl.constexpr = STEP // 32
+    n_blocks = K // 32
+    row = n.to(tl.int64)[:, None, None]
+    b = tl.arange(0, BLOCKS)[None, :, None]
+    i = tl.arange(0, 16)[None, None, :]
+    j = tl.arange(0, BLOCKS * 16)
+    k_low = (j // 16) * 32 + j % 16  # byte i of a block: element i (low nibble), i + 16 (high)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        blk = step * BLOCKS + b
+        ok = (n < N)[:, None, None] & (blk < n_blocks)
+        qs = tl.load(qs_ptr + row * (n_blocks * 16) + blk * 16 + i, mask=ok, other=0)
+        d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
+        k = step * STEP + k_low
+        low = ((qs & 15).to(tl.int32) - 8).to(tl.float32) * d
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low, USE_DOT)
+        high = ((qs >> 4).to(tl.int32) - 8).to(tl.float32) * d
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high, USE_DOT)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q4_1(
+    x_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    BLOCKS: tl.constexpr = STEP // 32
+    n_blocks = K // 32
+    row = n.to(tl.int64)[:, None, None]
+    b = tl.arange(0, BLOCKS)[None, :, None]
+    i = tl.arange(0, 16)[None, None, :]
+    j = tl.arange(0, BLOCKS * 16)
+    k_low = (j // 16) * 32 + j % 16
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        blk = step * BLOCKS + b
+        ok = (n < N)[:, None, None] & (blk < n_blocks)
+        qs = tl.load(qs_ptr + row * (n_blocks * 16) + blk * 16 + i, mask=ok, other=0)
+        d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
+        offset = tl.load(min_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
+        k = step * STEP + k_low
+        low = (qs & 15).to(tl.float32) * d + offset
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low, USE_DOT)
+        high = (qs >> 4).to(tl.float32) * d + offset
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high, USE_DOT)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q5_0(
+    x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    BLOCKS: tl.constexpr = STEP // 32
+    n_blocks = K // 32
+    row = n.to(tl.int64)[:, None, None]
+    b = tl.arange(0, BLOCKS)[None, :, None]
+    i = tl.arange(0, 16)[None, None, :]
+    j = tl.arange(0, BLOCKS * 16)
+    k_low = (j // 16) * 32 + j % 16
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        blk = step * BLOCKS + b
+        ok = (n < N)[:, None, None] & (blk < n_blocks)
+        qs = tl.load(qs_ptr + row * (n_blocks * 16) + blk * 16 + i, mask=ok, other=0).to(tl.int32)
+        qh = tl.load(qh_ptr + row * n_blocks + blk, mask=ok, other=0)  # bit e: 5th bit of element e
+        d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
+        k = step * STEP + k_low
+        low = (((qs & 15) | (((qh >> i) & 1) << 4)) - 16).to(tl.float32) * d
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low, USE_DOT)
+        high = (((qs >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16).to(tl.float32) * d
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high, USE_DOT)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q8_0(
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    BLOCKS: tl.constexpr = STEP // 32
+    n_blocks = K // 32
+    row = n.to(tl.int64)[:, None, None]
+    b = tl.arange(0, BLOCKS)[None, :, None]
+    i = tl.arange(0, 32)[None, None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        blk = step * BLOCKS + b
+        ok = (n < N)[:, None, None] & (blk < n_blocks)
+        qs = tl.load(qs_ptr + row * K + blk * 32 + i, mask=ok, other=0)
+        d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
+        k = step * STEP + tl.arange(0, STEP)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, qs.to(tl.float32) * d, USE_DOT)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+# --------------------------------------------------------------------------------------------------
+# K-quants: one 256-element super-block per step (K is a multiple of 256)
+
+
+@triton.jit
+def gemv_q4_k(
+    x_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    # element 64c + 32h + l = (qs[32c + l] >> 4h) & 15, sub-block 2c + h
+    n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    n_super = K // 256
+    row = tl.where(n < N, n, 0).to(tl.int64)  # rows past N read row 0 (in bounds, never stored)
+    c = tl.arange(0, 4)[None, :]
+    qs_offsets = row[:, None, None] * (n_super * 128) + c[:, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+    j = tl.arange(0, 128)
+    k_low = (j // 32) * 64 + j % 32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for sb in range(first, last):
+        qs = tl.load(qs_ptr + qs_offsets + sb * 128)
+        d = tl.load(d_ptr + row * n_super + sb).to(tl.float32)[:, None]
+        dmin = tl.load(dmin_ptr + row * n_super + sb).to(tl.float32)[:, None]
+        scales = scales_ptr + row[:, None] * (n_super * 12) + sb * 12
+        for h in tl.static_range(2):
+            sc, mn = _kquant_scale_min(scales, 2 * c + h)
+            w = ((qs >> (4 * h)) & 15).to(tl.float32) * (d * sc)[:, :, None] - (dmin * mn)[:, :, None]
+            k = sb * 256 + k_low + 32 * h
+            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w, USE_DOT)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q5_k(
+    x_ptr, d_ptr, dmin_ptr, scales_ptr, qh_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    # as Q4_K, plus the 5th bit of element 32s + l = bit s of qh[l]
+    n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    n_super = K // 256
+    row = tl.where(n < N, n, 0).to(tl.int64)
+    c = tl.arange(0, 4)[None, :]
+    e = tl.arange(0, 32)[None, None, :]
+    qs_offsets = row[:, None, None] * (n_super * 128) + c[:, :, None] * 32 + e
+    qh_offsets = row[:, None, None] * (n_super * 32) + e
+    j = tl.arange(0, 128)
+    k_low = (j // 32) * 64 + j % 32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for sb in range(first, last):
+        qs = tl.load(qs_ptr + qs_offsets + sb * 128)
+        qh = tl.load(qh_ptr + qh_offsets + sb * 32)
+        d = tl.load(d_ptr + row * n_super + sb).to(tl.float32)[:, None]
+        dmin = tl.load(dmin_ptr + row * n_super + sb).to(tl.float32)[:, None]
+        scales = scales_ptr + row[:, None] * (n_super * 12) + sb * 12
+        for h in tl.static_range(2):
+            s = 2 * c + h
+            sc, mn = _kquant_scale_min(scales, s)
+            q = ((qs >> (4 * h)) & 15) | (((qh >> s[:, :, None]) & 1) << 4)
+            w = q.to(tl.float32) * (d * sc)[:, :, None] - (dmin * mn)[:, :, None]
+            k = sb * 256 + k_low + 32 * h
+            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w, USE_DOT)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q6_k(
+    x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    # element 128a + 64h + 16g + i (r = 4a + g indexes the 16-byte runs of ql):
+    # low 4 bits = (ql[16r + i] >> 4h) & 15, high 2 bits = (qh[32a + 16(g % 2) + i] >> 2(2h + g // 2)) & 3,
+    # scale = scales[8a + 4h + g]
+    n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    n_super = K // 256
+    row = tl.where(n < N, n, 0).to(tl.int64)
+    r = tl.arange(0, 8)[None, :]
+    a = r // 4
+    g = r % 4
+    i = tl.arange(0, 16)[None, None, :]
+    ql_offsets = row[:, None, None] * (n_super * 128) + r[:, :, None] * 16 + i
+    qh_offsets = row[:, None, None] * (n_super * 64) + (a * 32 + (g % 2) * 16)[:, :, None] + i
+    j = tl.arange(0, 128)
+    k_low = (j // 64) * 128 + j % 64
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for sb in range(first, last):
+        ql = tl.load(ql_ptr + ql_offsets + sb * 128)
+        qh = tl.load(qh_ptr + qh_offsets + sb * 64)
+        d = tl.load(d_ptr + row * n_super + sb).to(tl.float32)[:, None]
+        scales = scales_ptr + row[:, None] * (n_super * 16) + sb * 16
+        for h in tl.static_range(2):
+            sc = tl.load(scales + 8 * a + 4 * h + g).to(tl.float32)
+            high = (qh >> (2 * (2 * h + g // 2))[:, :, None]) & 3
+            q = (((ql >> (4 * h)) & 15) | (high << 4)).to(tl.int32) - 32
+            w = q.to(tl.float32) * (d * sc)[:, :, None]
+            k = sb * 256 + k_low + 64 * h
+            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w, USE_DOT)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+# --------------------------------------------------------------------------------------------------
+# F32 / F16 / BF16 weights
+
+
+@triton.jit
+def gemv_float(
+    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    row = n.to(tl.int64)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        k = step * STEP + tl.arange(0, STEP)
+        w = tl.load(w_ptr + row * K + k[None, :], mask=(n < N)[:, None] & (k < K)[None, :], other=0.0)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w.to(tl.float32), USE_DOT)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+# --------------------------------------------------------------------------------------------------
+# host side
+
+
+@dataclass(frozen=True)
+class Field:
+    start: int  # byte range inside a GGUF block
+    end: int
+    dtype: torch.dtype  # how the plane is viewed (float16 for scales, int32 for Q5_0's high bits)
+
+
+@dataclass(frozen=True)
+class Format:
+    kernel: Any  # the triton.jit function
+    fields: tuple[Field, ...]  # in the kernel's argument order
+    step: int  # input columns per loop step (the kernel's STEP)
+
+
+U8, I8, F16 = torch.uint8, torch.int8, torch.float16
+
+FORMATS: dict[GGMLQuantizationType, Format] = {
+    Q.Q4_0: Format(gemv_q4_0, (Field(2, 18, U8), Field(0, 2, F16)), 256),
+    Q.Q4_1: Format(gemv_q4_1, (Field(4, 20, U8), Field(0, 2, F16), Field(2, 4, F16)), 256),
+    Q.Q5_0: Format(gemv_q5_0, (Field(6, 22, U8), Field(2, 6, torch.int32), Field(0, 2, F16)), 256),
+    Q.Q8_0: Format(gemv_q8_0, (Field(2, 34, I8), Field(0, 2, F16)), 128),
+    Q.Q4_K: Format(
+        gemv_q4_k, (Field(0, 2, F16), Field(2, 4, F16), Field(4, 16, U8), Field(16, 144, U8)), 256
+    ),
+    Q.Q5_K: Format(
+        gemv_q5_k,
+        (Field(0, 2, F16), Field(2, 4, F16), Field(4, 16, U8), Field(16, 48, U8), Field(48, 176, U8)),
+        256,
+    ),
+    Q.Q6_K: Format(
+        gemv_q6_k, (Field(0, 128, U8), Field(128, 192, U8), Field(192, 208, I8), Field(208, 210, F16)), 256
+    ),
+    Q.F32: Format(gemv_float, (Field(0, 4, torch.float32),), 128),
+    Q.F16: Format(gemv_float, (Field(0, 2, F16),), 128),
+    Q.BF16: Format(gemv_float, (Field(0, 2, torch.bfloat16),), 128),
+}
+
+
+def split_fields(qtype: GGMLQuantizationType, raw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """GGUF rows uint8 [N, row_bytes] -> one contiguous plane per block field, [N, n_blocks * field]
+    viewed as the field's dtype, in the kernel's argument order (a byte permutation of `raw`)."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, block_shape(qtype)[1])
+    fields = FORMATS[qtype].fields
+    return tuple(blocks[..., f.start : f.end].reshape(rows, -1).contiguous().view(f.dtype) for f in fields)
+
+
+@dataclass(frozen=True)
+class TritonWeight:
+    qtype: GGMLQuantizationType
+    shape: tuple[int, int]  # (N, K)
+    planes: tuple[torch.Tensor, ...]
+
+
+def _default_device() -> torch.device:
+    """The current GPU; the CPU when none is visible (the Triton interpreter runs on CPU tensors)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _splits(device: torch.device, tiles: int, n_steps: int) -> int:
+    """Enough K splits for about two programs per multiprocessor (1 off the GPU)."""
+    if device.type != "cuda":
+        return 1
+    return max(1, min(n_steps, MAX_SPLITS, 2 * _multiprocessors(device) // tiles))
+
+
+def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> torch.Tensor:
+    """x [..., K] (float32/float16/bfloat16, on the weight's device) -> x @ W^T [..., N] in x's dtype.
+
+    `splits`: number of K ranges (split-K); None picks one from the device's size.
+    """
+    n, k = weight.shape
+    fmt = FORMATS[weight.qtype]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the FMA path
+    use_dot = x.dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None
+    if use_dot:
+        block_m, block_n = MAX_BLOCK_M, DOT_BLOCK_N
+    else:
+        block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(m, 1)))
+        block_n = max(1, FMA_TILE_ELEMENTS // (block_m * PIECE))
+    grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
+    n_steps = triton.cdiv(k, fmt.step)
+    if splits is None:
+        splits = _splits(x.device, grid_n * grid_m, n_steps)
+    per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
+    splits = triton.cdiv(n_steps, per_split)  # no empty ranges
+    out = torch.empty(splits, m, n, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
+    if m:
+        fmt.kernel[(grid_n, splits, grid_m)](
+            x2, *weight.planes, out, m, n, k, x2.stride(0), n_steps, per_split,
+            BLOCK_M=block_m, BLOCK_N=block_n, STEP=fmt.step, USE_DOT=use_dot, num_warps=NUM_WARPS,
+        )  # fmt: skip
+    y = out[0] if splits == 1 else out.sum(0).to(x.dtype)
+    return y.reshape(*lead, n)
+
+
+class TritonLinear:
+    """Registered on the "cuda" backend for every qtype in FORMATS."""
+
+    name = "triton-gemv"
+
+    @staticmethod
+    def prepare(info: TensorInfo, device: torch.device | None = None) -> TritonWeight:
+        """Upload the raw GGUF rows once, then split them into field planes on the device."""
+        with warnings.catch_warnings():  # read-only memmaps: nothing writes into the file's bytes
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.as_tensor(np.asarray(info.data)).reshape(-1, info.data.shape[-1])
+        raw = raw.to(device or _default_device())
+        return TritonWeight(info.qtype, (raw.shape[0], info.shape[-1]), split_fields(info.qtype, raw))
+
+    @staticmethod
+    def apply(x: torch.Tensor, weight: TritonWeight) -> torch.Tensor:
+        return gemv(x, weight)
+
+
+for _qtype in FORMATS:
+    register("cuda", "linear", _qtype)(TritonLinear)

@@ -1,0 +1,217 @@
+"""The Triton skinny-product kernels against the torch reference, run by the Triton interpreter on CPU.
+
+`triton.jit` (triton.language's own helpers included) chooses the interpreter when a function is
+decorated, i.e. when triton is first imported, and any earlier test may already have imported it
+compiled. So the kernel checks run in one worker subprocess started with TRITON_INTERPRET=1 (this
+file run as a script), and each case is reported here as its own test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from gufo.gguf.model_file import TensorInfo
+from gufo.kernels import registry
+from gufo.kernels.linear_reference import ReferenceLinear
+from gufo.quant import block_shape
+
+pytest.importorskip("triton")
+
+from gufo.kernels.triton import gemv  # noqa: E402  (needs triton)
+
+Q = gguf.GGMLQuantizationType
+QTYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F32, Q.F16, Q.BF16]
+# Byte offsets of the fp16 scale fields of each block (ggml's block structs), written independently of
+# the kernel module's field table so that the test checks it.
+HALF_OFFSETS = {
+    Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)
+}  # fmt: skip
+ROWS = 11  # not a multiple of any BLOCK_N (2..32): every kernel sees a tail tile
+FLOAT32_REL = 1e-5  # error bound relative to |x| @ |W|^T: float32 rounding of K <= 512 products
+HALF_REL = {torch.float16: 2.0**-9, torch.bfloat16: 2.0**-7}  # + weights rounded to the input dtype
+
+
+def columns(qtype: gguf.GGMLQuantizationType) -> int:
+    """A few blocks: 2 super-blocks of the K-quants, 11 blocks of 32 (tails in the 4- and 8-block steps)."""
+    return 512 if block_shape(qtype)[0] == 256 else 11 * 32
+
+
+def random_tensor(qtype: gguf.GGMLQuantizationType, rows: int = ROWS) -> TensorInfo:
+    """Random valid blocks: random bytes with the fp16 scales overwritten by finite values of both signs."""
+    rng = np.random.default_rng(int(qtype))
+    cols = columns(qtype)
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        values = torch.from_numpy(rng.standard_normal((rows, cols), dtype=np.float32))
+        dtype = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}[qtype]
+        data = values.to(dtype).view(torch.uint8).numpy()
+        return TensorInfo("w", qtype, (rows, cols), 0, data.nbytes, data)
+    block_elems, block_bytes = block_shape(qtype)
+    blocks = rng.integers(0, 256, (rows, cols // block_elems, block_bytes), dtype=np.uint8)
+    for offset in HALF_OFFSETS[qtype]:
+        halves = (rng.uniform(-1, 1, blocks.shape[:2]) * 0.01).astype(np.float16)
+        blocks[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    data = blocks.reshape(rows, -1)
+    return TensorInfo("w", qtype, (rows, cols), 0, data.nbytes, data)
+
+
+def activations(m: int, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+
+
+def check(y: torch.Tensor, x: torch.Tensor, info: TensorInfo, rel: float) -> None:
+    """|y - x @ W^T| <= rel * (|x| @ |W|^T) elementwise: a relative bound that holds under cancellation."""
+    w = ReferenceLinear.prepare(info).double()
+    xd = x.reshape(-1, x.shape[-1]).double()
+    want = (xd @ w.T).reshape(*x.shape[:-1], -1)
+    bound = rel * (xd.abs() @ w.abs().T).reshape(want.shape) + 1e-30
+    assert y.shape == want.shape and y.dtype == x.dtype, (y.shape, y.dtype)
+    assert torch.isfinite(y).all()
+    worst = ((y.double() - want).abs() / bound).max().item()
+    assert worst <= 1.0, f"error {worst:.3g} x the bound {rel:g} * |x| @ |W|^T"
+
+
+# --------------------------------------------------------------------------------------------------
+# kernel checks, run in the interpreter worker
+
+
+def check_against_reference(
+    qtype: gguf.GGMLQuantizationType, m: int, dtype: torch.dtype = torch.float32
+) -> None:
+    info = random_tensor(qtype)
+    x = activations(m, info.shape[1], dtype)
+    rel = FLOAT32_REL if dtype == torch.float32 else HALF_REL[dtype]
+    check(gemv.TritonLinear.apply(x, gemv.TritonLinear.prepare(info)), x, info, rel)
+
+
+def check_split_k(qtype: gguf.GGMLQuantizationType) -> None:
+    info = random_tensor(qtype)
+    weight = gemv.TritonLinear.prepare(info)
+    x = activations(3, info.shape[1])
+    check(gemv.gemv(x, weight, splits=2), x, info, FLOAT32_REL)
+    check(gemv.gemv(x, weight, splits=64), x, info, FLOAT32_REL)  # more splits than K steps
+
+
+def check_leading_dims_and_empty_input() -> None:
+    info = random_tensor(Q.Q4_K)
+    weight = gemv.TritonLinear.prepare(info)
+    x = activations(6, info.shape[1]).reshape(2, 3, -1)
+    check(gemv.TritonLinear.apply(x, weight), x, info, FLOAT32_REL)
+    assert gemv.TritonLinear.apply(x[:0], weight).shape == (0, 3, ROWS)
+
+
+def interpreter_cases() -> dict[str, Callable[[], None]]:
+    cases: dict[str, Callable[[], None]] = {}
+    for qtype in QTYPES:  # every format and row count (M > 16 takes two row tiles)
+        for m in (1, 2, 5, 16, 17):
+            cases[f"float32-{qtype.name}-m{m}"] = lambda q=qtype, m=m: check_against_reference(q, m)
+    # half-precision activations: m >= DOT_MIN_ROWS takes the tl.dot path, which the interpreter runs
+    # for float16 only (it multiplies bfloat16 as raw uint16 bits)
+    for qtype in (Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.BF16):
+        for dtype, rows in ((torch.float16, (1, 5, 16)), (torch.bfloat16, (1,))):
+            for m in rows:
+                name = f"{str(dtype).removeprefix('torch.')}-{qtype.name}-m{m}"
+                cases[name] = lambda q=qtype, m=m, d=dtype: check_against_reference(q, m, d)
+    for qtype in (Q.Q4_0, Q.Q8_0, Q.Q5_K, Q.F16):
+        cases[f"split_k-{qtype.name}"] = lambda q=qtype: check_split_k(q)
+    cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
+    return cases
+
+
+def fix_interpreter_loop_bounds() -> None:
+    """Triton 3.6's interpreter turns loop bounds into ints with int(1-element array), a TypeError since
+    numpy 2.4 (triton-lang/triton#9171, fixed upstream by #9172): convert with .item() instead."""
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:
+        return
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    interpreter._patch_lang_tensor = patched
+
+
+def run_interpreter_cases() -> dict[str, str | None]:
+    """Worker side: every case's failure (traceback text) or None."""
+    fix_interpreter_loop_bounds()
+    results: dict[str, str | None] = {}
+    for name, case in interpreter_cases().items():
+        try:
+            case()
+            results[name] = None
+        except Exception:
+            results[name] = traceback.format_exc(limit=-4)
+    return results
+
+
+@pytest.fixture(scope="session")
+def interpreter_results() -> dict[str, str | None]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"the interpreter worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", list(interpreter_cases()))
+def test_kernel_in_interpreter(interpreter_results, case):
+    assert interpreter_results[case] is None, interpreter_results[case]
+
+
+# --------------------------------------------------------------------------------------------------
+# host-side checks, in this process
+
+
+def join_fields(qtype: gguf.GGMLQuantizationType, planes: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Inverse of split_fields: the GGUF rows, each block's fields put back at their byte ranges."""
+    rows, fields = planes[0].shape[0], gemv.FORMATS[qtype].fields
+    pieces = [
+        p.view(torch.uint8).reshape(rows, -1, f.end - f.start) for p, f in zip(planes, fields, strict=True)
+    ]
+    order = sorted(range(len(fields)), key=lambda i: fields[i].start)
+    return torch.cat([pieces[i] for i in order], dim=-1).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_field_planes_round_trip(qtype):
+    info = random_tensor(qtype)
+    weight = gemv.TritonLinear.prepare(info, torch.device("cpu"))
+    fields = gemv.FORMATS[qtype].fields
+    assert sum(f.end - f.start for f in fields) == block_shape(qtype)[1]  # every byte, once
+    assert all(p.is_contiguous() for p in weight.planes)
+    assert torch.equal(join_fields(qtype, weight.planes), torch.from_numpy(info.data))
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_registered_on_cuda_backend(qtype):
+    assert registry.lookup("cuda", "linear", qtype) == ("cuda", gemv.TritonLinear)
+
+
+def test_package_imports_without_triton():
+    code = (
+        "import sys; sys.modules['triton'] = None\n"  # makes `import triton` raise ImportError
+        "import gufo.kernels.triton as t\n"
+        "from gufo.kernels import registry, linear_reference\n"
+        "from gguf import GGMLQuantizationType as Q\n"
+        "assert not t.AVAILABLE\n"
+        "assert registry.lookup('cuda', 'linear', Q.Q4_K)[0] == 'torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set before importing triton)
+    print(json.dumps(run_interpreter_cases()))
