@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gufo.cli.main import main
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 GOLDENS = SHARED / "goldens"
@@ -15,6 +17,13 @@ MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1",
     "gemma3-270m": "gemma-3-270m-q4_k_m",
 }
+
+
+def gufo(capsys, *args: str) -> tuple[int, str, str]:
+    """Run the CLI in-process: exit code, stdout, stderr."""
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def golden(alias: str) -> dict:

@@ -11,14 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from gufo.cli.main import main
-from tests.conftest import GOLDENS, MODELS, golden
-
-
-def gufo(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tests.conftest import GOLDENS, MODELS, golden, gufo
 
 
 @pytest.mark.parametrize("alias", sorted(MODELS))
@@ -124,9 +117,12 @@ def test_bad_input_gives_one_line_and_exit_2(capsys, args, fragment):
 
 def test_bad_flag_is_usage_error():
     proc = subprocess.run(
-        [sys.executable, "-m", "gufo.cli.main", "run", "--no-such-flag"],
+        [sys.executable, "-m", "gufo.cli.main", "run", "-p", "x", "--no-such-flag"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        "gufo: error: unrecognized arguments: --no-such-flag (see gufo --help)"
+    ]

@@ -11,11 +11,18 @@ from gufo import __version__
 from gufo.errors import GufoError
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func`.
-COMMAND_MODULES = ["run", "chat", "tokenize", "logits", "info", "kernels"]
+COMMAND_MODULES = ["run", "chat", "tokenize", "logits", "info", "bench", "compare", "kernels", "synth"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line (exit 2), like every other bad input; --help has the details."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gufo",
         description="Local LLM inference for GGUF models, with measurement tools for engine tuners.",
     )

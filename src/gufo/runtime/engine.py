@@ -80,6 +80,11 @@ class Engine:
     def config(self):
         return self.model.config
 
+    def synchronize(self) -> None:
+        """Wait for queued device work, so host timers measure finished steps."""
+        if torch.device(self.device).type != "cpu":
+            torch.accelerator.synchronize(torch.device(self.device))
+
     def check_fits(self, n_tokens: int) -> None:
         if n_tokens > self.context:
             raise BadInputError(f"prompt of {n_tokens} tokens does not fit the context size {self.context}")

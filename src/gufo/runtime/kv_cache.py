@@ -6,9 +6,21 @@ slot) against one allocation, and a slot can be rewound (speculation, prefix reu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from gufo.errors import BadInputError
+
+
+@dataclass
+class CacheSnapshot:
+    """Copies of one slot's first `length` positions in every layer (see `KVCache.snapshot`)."""
+
+    slot: int
+    length: int
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
 
 
 class KVCache:
@@ -45,3 +57,18 @@ class KVCache:
         keys[:, start:end] = k.transpose(0, 1)
         values[:, start:end] = v.transpose(0, 1)
         return keys, values
+
+    def snapshot(self, slot: int, length: int) -> CacheSnapshot:
+        """Copy positions 0..length of `slot`, so they can be put back after other work used the slot."""
+        return CacheSnapshot(
+            slot,
+            length,
+            [k[slot, :, :length].clone() for k in self.keys],
+            [v[slot, :, :length].clone() for v in self.values],
+        )
+
+    def restore(self, state: CacheSnapshot) -> None:
+        """Put a snapshot back; positions past its length are stale and get overwritten before any read."""
+        for layer, (k, v) in enumerate(zip(state.keys, state.values, strict=True)):
+            self.keys[layer][state.slot, :, : state.length] = k
+            self.values[layer][state.slot, :, : state.length] = v

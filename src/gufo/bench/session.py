@@ -1,0 +1,132 @@
+"""A whole `gufo bench` invocation: models x (threads, n_batch, n_ubatch) x tests, and validation first."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from gufo.bench.machine import backend_label, build_info, device_name
+from gufo.bench.report import make_record, model_fields
+from gufo.bench.runner import BenchRunner, BenchTest, Progress
+from gufo.errors import BadInputError, CheckFailedError, GufoError
+from gufo.gguf.aliases import resolve_model
+from gufo.gguf.model_file import open_model_file
+from gufo.models.registry import check_architecture, check_supported_types
+from gufo.quality.validate_prefill import PrefillValidation, add_prefill_noise, validate_prefill
+from gufo.runtime.engine import Engine
+
+
+@dataclass
+class BenchPlan:
+    models: list[str]
+    tests: list[BenchTest]
+    threads: list[int]
+    batches: list[int]
+    ubatches: list[int]
+    repetitions: int = 5
+    warmup: bool = True
+    delay: float = 0.0
+    device: str = "cpu"
+    validate_prefill: int | None = None
+    prefill_noise: tuple[int, float] | None = None  # debug hook: (layer, std), see add_prefill_noise
+
+    @property
+    def needed_context(self) -> int:
+        return max([t.n_tokens for t in self.tests] + [self.validate_prefill or 0])
+
+
+def preflight(plan: BenchPlan) -> None:
+    """Check every model file and the context the tests need before anything runs or prints."""
+    for name in plan.models:
+        model_file = open_model_file(resolve_model(name))
+        check_architecture(model_file)
+        check_supported_types(model_file)
+        limit = int(model_file.arch_key("context_length"))
+        if plan.needed_context > limit:
+            raise BadInputError(
+                f"{name}: the tests need {plan.needed_context} tokens of context (depth + prompt + "
+                f"generation), the model has {limit}"
+            )
+
+
+class EngineCache:
+    """Holds the most recently loaded model, so validating then benchmarking one model loads it once."""
+
+    def __init__(self, plan: BenchPlan):
+        self.plan = plan
+        self.name: str | None = None
+        self.engine: Engine | None = None
+
+    def get(self, name: str) -> Engine:
+        if name != self.name or self.engine is None:
+            self.engine = None  # free the previous model before loading the next
+            engine = Engine(name, device=self.plan.device, context=self.plan.needed_context)
+            if self.plan.prefill_noise is not None:
+                add_prefill_noise(engine, *self.plan.prefill_noise)
+            self.name, self.engine = name, engine
+        return self.engine
+
+
+def run_validations(
+    plan: BenchPlan,
+    engines: EngineCache,
+    report: Callable[[PrefillValidation], None],
+    progress: Progress | None = None,
+) -> dict[str, dict[str, object]]:
+    """Validate every model before any timing; the first failure raises CheckFailedError (exit 1)."""
+    results: dict[str, dict[str, object]] = {}
+    if plan.validate_prefill is None:
+        return results
+    for name in plan.models:
+        engine = engines.get(name)
+        engine.batch_size = min(plan.ubatches[0], plan.batches[0])
+        result = validate_prefill(engine, plan.validate_prefill, progress)
+        report(result)
+        if not result.passed:
+            raise CheckFailedError(f"{name}: prefill validation failed (decode and batched prefill disagree)")
+        results[name] = result.as_dict()
+    return results
+
+
+def run_benchmarks(
+    plan: BenchPlan,
+    engines: EngineCache,
+    validations: dict[str, dict[str, object]],
+    progress: Progress | None = None,
+) -> Iterator[dict[str, object]]:
+    """Yield one record per test as it finishes. A failure mid-run becomes GufoError (exit 1)."""
+    build = build_info()
+    for name in plan.models:
+        engine = engines.get(name)
+        model = model_fields(engine.file)
+        for n_threads, n_batch, n_ubatch in itertools.product(plan.threads, plan.batches, plan.ubatches):
+            torch.set_num_threads(n_threads)
+            engine.batch_size = min(n_ubatch, n_batch)
+            run_fields = {
+                "backends": backend_label(engine.device),
+                "n_batch": n_batch,
+                "n_ubatch": n_ubatch,
+                "n_threads": n_threads,
+                "type_k": "f32",
+                "type_v": "f32",
+                "n_gpu_layers": 0 if engine.device == "cpu" else engine.config.n_layers,
+                "device": engine.device,
+                "device_name": device_name(engine.device),
+                "routes": engine.model.routes(),
+                "prefill_validation": validations.get(name),
+            }
+            runner = BenchRunner(engine, plan.repetitions, n_batch, plan.warmup, plan.delay, progress)
+            timings = runner.run(plan.tests)
+            while True:
+                try:
+                    timing = next(timings)
+                except StopIteration:
+                    break
+                except GufoError:
+                    raise
+                except Exception as err:  # one line and exit 1; the rows already printed stay valid
+                    raise GufoError(f"{name}: benchmark failed: {type(err).__name__}: {err}") from None
+                yield make_record(build, model, run_fields, timing)

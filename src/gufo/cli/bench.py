@@ -1,0 +1,196 @@
+"""`gufo bench`: llama-bench's flags and output, plus --validate-prefill (the work is in gufo.bench)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from gufo.bench.lists import parse_int_list, parse_pair, parse_positive_list
+from gufo.bench.machine import build_info
+from gufo.bench.report import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS, make_printer
+from gufo.bench.runner import Progress, plan_tests
+from gufo.bench.session import BenchPlan, EngineCache, preflight, run_benchmarks, run_validations
+from gufo.cli.common import positive_int
+from gufo.errors import BadInputError
+from gufo.gguf.aliases import DEFAULT_MODEL
+from gufo.quality.validate_prefill import PrefillValidation
+
+NOISE_ENV = "GUFO_DEBUG_PREFILL_NOISE"
+
+EPILOG = f"""\
+Lists take a,b,c and ranges first-last, first-last+step, first-last*mult (e.g. -p 64-1024*2).
+A 0 in -p or -n drops that kind of test. Every combination of -b, -ub and -t runs for every model;
+tests run in llama-bench's order: per depth, prompt tests, generation tests, then -pg pairs.
+Rate per repetition = (n_prompt + n_gen) / seconds; t/s = mean +- sample standard deviation (n-1).
+
+Debugging the validation: {NOISE_ENV}=LAYER:STD adds Gaussian noise of that standard deviation to
+one layer's output on batched (prefill) passes only, so --validate-prefill must fail.
+
+Exit codes: 0 success, 1 a validation or a run failed (rows already printed stay valid), 2 bad input."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark prompt processing and generation (llama-bench compatible)",
+        description="Time prefill (pp) and decode (tg) with llama-bench's semantics and output formats: "
+        "random token ids (BOS first), depth prefilled untimed and restored before each repetition, one "
+        "untimed warm-up per test.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-m",
+        "--model",
+        action="append",
+        help=f"GGUF path or alias; repeat the flag or give a comma list (default: {DEFAULT_MODEL})",
+    )
+    parser.add_argument("-p", "--n-prompt", default="512", help="prompt lengths to time (default 512)")
+    parser.add_argument("-n", "--n-gen", default="128", help="generation lengths to time (default 128)")
+    parser.add_argument(
+        "-pg",
+        dest="prompt_gen",
+        action="append",
+        default=[],
+        metavar="PP,TG",
+        help="time a PP-token prompt followed by TG generated tokens as one test; repeatable",
+    )
+    parser.add_argument(
+        "-d", "--n-depth", default="0", help="context already filled (untimed) before each test (default 0)"
+    )
+    parser.add_argument(
+        "-r", "--repetitions", type=positive_int, default=5, help="timed repetitions per test (default 5)"
+    )
+    parser.add_argument(
+        "-b",
+        "--batch-size",
+        default=str(DEFAULT_N_BATCH),
+        help=f"logical batch: prompt tokens handed to the engine per call (default {DEFAULT_N_BATCH})",
+    )
+    parser.add_argument(
+        "-ub",
+        "--ubatch-size",
+        default=str(DEFAULT_N_UBATCH),
+        help=f"physical batch: prompt tokens per forward pass (default {DEFAULT_N_UBATCH})",
+    )
+    parser.add_argument(
+        "-t",
+        "--threads",
+        default=None,
+        help=f"CPU threads (default {torch.get_num_threads()}, torch's default)",
+    )
+    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
+    parser.add_argument("-o", "--output", choices=FORMATS, default="md", help="format on stdout (default md)")
+    parser.add_argument(
+        "-oe",
+        "--output-err",
+        choices=FORMATS,
+        default=None,
+        help="also print results in this format on stderr",
+    )
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each test")
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="report progress on stderr (default: when it is a terminal)",
+    )
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="sleep S seconds before each repetition",
+    )
+    parser.add_argument(
+        "--validate-prefill",
+        type=int,
+        default=None,
+        metavar="N",
+        help="first compare the final logits of N random tokens fed one at a time (decode path) with the "
+        "same N in one batched prefill; print two [Prefill Validation] lines on stderr; exit 1 before any "
+        "table unless both are finite with the same top-1 token. With -p 0 -n 0 it runs alone",
+    )
+    parser.set_defaults(func=run)
+
+
+def parse_noise() -> tuple[int, float] | None:
+    text = os.environ.get(NOISE_ENV)
+    if not text:
+        return None
+    try:
+        layer, std = text.split(":")
+        return int(layer), float(std)
+    except ValueError:
+        raise BadInputError(f"{NOISE_ENV}: expected LAYER:STD, got {text!r}") from None
+
+
+def make_plan(args: argparse.Namespace) -> BenchPlan:
+    names = [name for value in (args.model or [DEFAULT_MODEL]) for name in value.split(",")]
+    if not all(names):
+        raise BadInputError(f"-m: empty model name in {','.join(args.model)!r}")
+    tests = plan_tests(
+        parse_int_list(args.n_prompt, "-p"),
+        parse_int_list(args.n_gen, "-n"),
+        [parse_pair(text, "-pg") for text in args.prompt_gen],
+        parse_int_list(args.n_depth, "-d"),
+    )
+    if args.validate_prefill is not None and args.validate_prefill < 2:
+        raise BadInputError(f"--validate-prefill needs at least 2 tokens, got {args.validate_prefill}")
+    if not tests and args.validate_prefill is None:
+        raise BadInputError(
+            "nothing to run: every -p, -n and -pg value is 0 (add tests or --validate-prefill)"
+        )
+    if args.delay < 0:
+        raise BadInputError(f"--delay must be >= 0, got {args.delay}")
+    return BenchPlan(
+        models=names,
+        tests=tests,
+        threads=parse_positive_list(args.threads, "-t") if args.threads else [torch.get_num_threads()],
+        batches=parse_positive_list(args.batch_size, "-b"),
+        ubatches=parse_positive_list(args.ubatch_size, "-ub"),
+        repetitions=args.repetitions,
+        warmup=not args.no_warmup,
+        delay=args.delay,
+        device=args.device,
+        validate_prefill=args.validate_prefill,
+        prefill_noise=parse_noise(),
+    )
+
+
+def progress_callback(args: argparse.Namespace) -> Progress | None:
+    if not (args.progress or sys.stderr.isatty()):
+        return None
+    return lambda message: print(f"gufo bench: {message}", file=sys.stderr, flush=True)
+
+
+def print_validation(result: PrefillValidation) -> None:
+    for line in result.lines():
+        print(line, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = make_plan(args)
+    preflight(plan)
+    progress = progress_callback(args)
+    engines = EngineCache(plan)
+    validations = run_validations(plan, engines, print_validation, progress)
+    if not plan.tests:
+        return 0
+    show_batch, show_ubatch = plan.batches != [DEFAULT_N_BATCH], plan.ubatches != [DEFAULT_N_UBATCH]
+    printers = [make_printer(args.output, sys.stdout, show_batch, show_ubatch)]
+    if args.output_err:
+        printers.append(make_printer(args.output_err, sys.stderr, show_batch, show_ubatch))
+    for printer in printers:
+        printer.begin()
+    try:
+        for record in run_benchmarks(plan, engines, validations, progress):
+            for printer in printers:
+                printer.row(record)
+    finally:
+        build = build_info()
+        for printer in printers:
+            printer.end(build)
+    return 0

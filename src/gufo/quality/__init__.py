@@ -1,0 +1,1 @@
+"""Numerical checks: prefill-vs-decode validation and logit comparisons."""
