@@ -7,7 +7,7 @@ import torch
 from gufo.errors import BadInputError
 
 # Importing these modules registers their kernels.
-from gufo.kernels import cpu_int8, linear_reference, norm  # noqa: F401
+from gufo.kernels import cpu_int8, decode, linear_reference, norm  # noqa: F401
 
 
 def select(device: str) -> str:

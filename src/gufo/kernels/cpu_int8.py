@@ -1,8 +1,9 @@
 """CPU backend linear: int8 integer dot products over unpacked GGUF blocks (AVX2), see csrc/qgemm_cpu.c.
 
-The C source is compiled on first use with the system C compiler into the user cache and loaded with
-ctypes (it links the OpenMP runtime torch already loaded, so both share one thread pool). Without a
-compiler or AVX2 the registry falls back to the torch reference and says so once.
+The C sources in csrc/ (these and the other CPU kernels) are compiled on first use with the system C
+compiler into one library in the user cache and loaded with ctypes (it links the OpenMP runtime torch
+already loaded, so both share one thread pool). Without a compiler or AVX2 the registry falls back to
+the torch reference and says so once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from gufo.quant import QUANTIZED_QTYPES, unpack
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "qgemm_cpu.c"
+CSRC = Path(__file__).parent / "csrc"
 ACT_BLOCK = 32
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -46,8 +47,10 @@ def library() -> ctypes.CDLL | None:
     if compiler is None:
         log.warning("no C compiler found (set CC): using the torch reference kernels (slow)")
         return None
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    files = sorted(CSRC.glob("*.[ch]"))
+    sources = [str(f) for f in files if f.suffix == ".c"]
+    content = b"".join(f.read_bytes() for f in files) + " ".join(CFLAGS).encode()
+    digest = hashlib.sha256(content).hexdigest()[:16]
     out_dir = Path(platformdirs.user_cache_dir("gufo")) / "kernels"
     target = out_dir / f"qgemm_cpu-{digest}.so"
     if not target.exists():
@@ -55,7 +58,7 @@ def library() -> ctypes.CDLL | None:
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             partial = Path(tmp) / target.name
             proc = subprocess.run(
-                [compiler, *CFLAGS, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True, text=True
+                [compiler, *CFLAGS, *sources, "-o", str(partial), "-lm"], capture_output=True, text=True
             )
             if proc.returncode != 0:
                 log.warning(
@@ -68,6 +71,7 @@ def library() -> ctypes.CDLL | None:
     lib.gufo_linear.argtypes = [i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr]
     lib.gufo_linear.restype = i32
     lib.gufo_rms_norm.argtypes = [i32, i32, ptr, ptr, ctypes.c_float, ptr]
+    lib.gufo_decode_layer.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, ptr]
     return lib
 
 

@@ -33,4 +33,3 @@ def lookup(backend: str, op: str, qtype: Any = AnyQType) -> tuple[str, Any]:
         if key in _KERNELS:
             return REFERENCE_BACKEND, _KERNELS[key]
     raise KeyError(f"no kernel for op {op!r} and type {qtype!r}")
-

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from gufo.gguf.model_file import ModelFile
-from gufo.models.layers import Embedding, FusedLinear, Linear, RMSNorm, Rope, attention
+from gufo.kernels import registry
+from gufo.kernels.registry import REFERENCE_BACKEND
+from gufo.models.layers import ACTIVATIONS, Embedding, FusedLinear, Linear, RMSNorm, Rope, attention
 from gufo.runtime.kv_cache import KVCache
 
 
@@ -95,20 +97,60 @@ class SelfAttention:
 
 
 class GatedFFN:
-    """down(act(gate(x)) * up(x)): SwiGLU with silu, GeGLU with tanh-GELU."""
+    """down(act(gate(x)) * up(x)): SwiGLU with "silu", GeGLU with "gelu_tanh" (names in ACTIVATIONS)."""
 
-    def __init__(self, mf: ModelFile, prefix: str, backend: str, act: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(self, mf: ModelFile, prefix: str, backend: str, act: str):
         self.gate_up = FusedLinear(mf, [f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight"], backend)
         self.down = Linear(mf, f"{prefix}.ffn_down.weight", backend)
-        self.act = act
+        self.act_name = act
+        self.act = ACTIVATIONS[act]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)
         return self.down(self.act(gate) * up)
 
 
-def silu(x: torch.Tensor) -> torch.Tensor:
-    return F.silu(x)
+class DecoderLayer:
+    """Pre-norm attention and gated FFN, each added to the residual; gemma3 also norms both outputs.
+
+    This torch path runs prefill and is the reference for the backends' fused "decode_layer" op.
+    """
+
+    def __init__(
+        self,
+        mf: ModelFile,
+        index: int,
+        cfg: ModelConfig,
+        backend: str,
+        attn: SelfAttention,
+        act: str,
+        post_norms: bool,
+    ):
+        prefix, eps = f"blk.{index}", cfg.rms_eps
+        self.attn_norm = RMSNorm(mf, f"{prefix}.attn_norm.weight", eps, backend)
+        self.ffn_norm = RMSNorm(mf, f"{prefix}.ffn_norm.weight", eps, backend)
+        self.post_attn_norm = (
+            RMSNorm(mf, f"{prefix}.post_attention_norm.weight", eps, backend) if post_norms else None
+        )
+        self.post_ffn_norm = (
+            RMSNorm(mf, f"{prefix}.post_ffw_norm.weight", eps, backend) if post_norms else None
+        )
+        self.attn = attn
+        self.ffn = GatedFFN(mf, prefix, backend, act)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        index: int,
+        slot: int,
+        start_pos: int,
+    ) -> torch.Tensor:
+        h = self.attn(self.attn_norm(x), rope_tables, cache, index, slot, start_pos)
+        x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
+        h = self.ffn(self.ffn_norm(x))
+        return x + (h if self.post_ffn_norm is None else self.post_ffn_norm(h))
 
 
 class DecoderModel:
@@ -124,6 +166,18 @@ class DecoderModel:
         output_name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
         self.output = Linear(mf, output_name, backend)
         self.ropes: list[Rope] = []
+        self.layers: list[DecoderLayer] = []
+
+    @functools.cached_property
+    def decoder(self) -> tuple[str, Any, Any]:
+        """(route, kernel, plan) of the one-token "decode_layer" op; the torch layers when the backend's
+        kernel cannot take these layers."""
+        route, kernel = registry.lookup(self.backend, "decode_layer")
+        plan = kernel.prepare(self.layers)
+        if plan is None:
+            route, kernel = registry.lookup(REFERENCE_BACKEND, "decode_layer")
+            plan = kernel.prepare(self.layers)
+        return route, kernel, plan
 
     def block(
         self,
@@ -134,7 +188,11 @@ class DecoderModel:
         slot: int,
         start_pos: int,
     ) -> torch.Tensor:
-        raise NotImplementedError
+        rope_tables = tables[self.layers[index].attn.rope]
+        if x.shape[0] == 1:
+            _, kernel, plan = self.decoder
+            return kernel.apply(plan, index, x, rope_tables, cache, slot, start_pos)
+        return self.layers[index](x, rope_tables, cache, index, slot, start_pos)
 
     def forward(
         self, tokens: torch.Tensor, cache: KVCache, slot: int, start_pos: int, all_logits: bool = False
@@ -154,13 +212,15 @@ class DecoderModel:
     def routes(self) -> dict[str, str]:
         """Which kernel ran each op (per linear block format), as `backend:kernel`, for reports."""
         found: dict[str, str] = {"rms_norm": f"{self.output_norm.route}:{self.output_norm.kernel.name}"}
+        route, kernel, _ = self.decoder
+        found["decode_layer"] = f"{route}:{kernel.name}"
         for obj in self._linears():
             found.setdefault(f"linear.{obj.qtype.name}", f"{obj.route}:{obj.kernel.name}")
         return found
 
     def _linears(self) -> list[Linear]:
         seen: list[Linear] = [self.output]
-        stack: list[object] = list(getattr(self, "layers", []))
+        stack: list[object] = list(self.layers)
         while stack:
             obj = stack.pop()
             for value in vars(obj).values():

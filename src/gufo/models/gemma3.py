@@ -10,37 +10,13 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from gufo.gguf.model_file import ModelFile
-from gufo.models.base import DecoderModel, GatedFFN, ModelConfig, SelfAttention
-from gufo.models.layers import RMSNorm, Rope, gelu_tanh
+from gufo.models.base import DecoderLayer, DecoderModel, ModelConfig, SelfAttention
+from gufo.models.layers import Rope
 from gufo.models.registry import register_architecture
-from gufo.runtime.kv_cache import KVCache
 
 LOCAL_ROPE_BASE = 10000.0
 DEFAULT_SWA_PATTERN = 6
-
-
-class Gemma3Layer:
-    def __init__(
-        self,
-        mf: ModelFile,
-        index: int,
-        cfg: ModelConfig,
-        backend: str,
-        rope: Rope,
-        window: int | None,
-        scale: float,
-    ):
-        prefix = f"blk.{index}"
-        self.attn_norm = RMSNorm(mf, f"{prefix}.attn_norm.weight", cfg.rms_eps, backend)
-        self.post_attn_norm = RMSNorm(mf, f"{prefix}.post_attention_norm.weight", cfg.rms_eps, backend)
-        self.ffn_norm = RMSNorm(mf, f"{prefix}.ffn_norm.weight", cfg.rms_eps, backend)
-        self.post_ffn_norm = RMSNorm(mf, f"{prefix}.post_ffw_norm.weight", cfg.rms_eps, backend)
-        self.rope = rope
-        self.attn = SelfAttention(mf, prefix, cfg, backend, rope, scale, qk_norm=True, window=window)
-        self.ffn = GatedFFN(mf, prefix, backend, gelu_tanh)
 
 
 @register_architecture("gemma3")
@@ -58,15 +34,10 @@ class Gemma3Model(DecoderModel):
         local_rope = Rope(cfg.key_dim, LOCAL_ROPE_BASE, True)
         self.ropes = [global_rope, local_rope]
         scale = 1.0 / math.sqrt(cfg.key_dim)
-        self.layers = []
         for i in range(cfg.n_layers):
             is_global = window is None or (i + 1) % pattern == 0
             rope = global_rope if is_global else local_rope
-            self.layers.append(Gemma3Layer(mf, i, cfg, backend, rope, None if is_global else window, scale))
-
-    def block(self, index: int, x: torch.Tensor, tables: dict, cache: KVCache, slot: int, start_pos: int):
-        layer = self.layers[index]
-        h = layer.attn(layer.attn_norm(x), tables[layer.rope], cache, index, slot, start_pos)
-        x = x + layer.post_attn_norm(h)
-        h = layer.ffn(layer.ffn_norm(x))
-        return x + layer.post_ffn_norm(h)
+            attn = SelfAttention(
+                mf, f"blk.{i}", cfg, backend, rope, scale, qk_norm=True, window=None if is_global else window
+            )
+            self.layers.append(DecoderLayer(mf, i, cfg, backend, attn, "gelu_tanh", post_norms=True))

@@ -11,21 +11,10 @@
  * nibble), halving the bytes decode has to stream. Signed 8-bit weights (Q8_0) use the abs/sign trick
  * so the int16 pair sums cannot saturate.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
-#include <stdint.h>
-#include <string.h>
 
-#define QK 32
-
-static inline float hsum256(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
+#include "qgemm_cpu.h"
 
 /* x [M][K] float -> xq [M][K] int8, xs [M][K/32] scales, xsum16 [M][K/16] and xsum32 [M][K/32]
  * sums of the dequantized (xq * xs) values. */
@@ -80,7 +69,7 @@ static inline __m256 weight_scale(const float *ws, int b, int group) {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(ws[2 * b])), _mm_set1_ps(ws[2 * b + 1]), 1);
 }
 
-#define TILE_FN(NAME, RM, RN, DOT, LOAD, ROW_BYTES)                                                       \
+#define TILE_FN(NAME, RM, RN, DOT, LOAD, ROW_BYTES, PF)                                                   \
     static inline void NAME(int K, int group, const int8_t *xq, const float *xs, const uint8_t *w,        \
                             const float *ws, int ldy, float *y, int m0, int n0) {                         \
         const int nb = K / QK, ng = K / group;                                                            \
@@ -94,6 +83,9 @@ static inline __m256 weight_scale(const float *ws, int b, int group) {
             __m256 sv[RN];                                                                                \
             for (int j = 0; j < RN; j++) {                                                                \
                 wv[j] = LOAD(w + (size_t)(n0 + j) * row_bytes, b);                                        \
+                if (PF)                                                                                   \
+                    _mm_prefetch((const char *)w + (n0 + j + PF) * row_bytes + b * (row_bytes / nb),      \
+                                 _MM_HINT_T0);                                                            \
                 sv[j] = weight_scale(ws + (size_t)(n0 + j) * ng, b, group);                               \
             }                                                                                             \
             for (int i = 0; i < RM; i++) {                                                                \
@@ -109,15 +101,19 @@ static inline __m256 weight_scale(const float *ws, int b, int group) {
             for (int j = 0; j < RN; j++) y[(size_t)(m0 + i) * ldy + n0 + j] = hsum256(acc[i][j]);         \
     }
 
-TILE_FN(tile_u_4x2, 4, 2, dot_u8s8, load_w8, K)
-TILE_FN(tile_u_1x4, 1, 4, dot_u8s8, load_w8, K)
-TILE_FN(tile_u_1x1, 1, 1, dot_u8s8, load_w8, K)
-TILE_FN(tile_s_4x2, 4, 2, dot_s8s8, load_w8, K)
-TILE_FN(tile_s_1x4, 1, 4, dot_s8s8, load_w8, K)
-TILE_FN(tile_s_1x1, 1, 1, dot_s8s8, load_w8, K)
-TILE_FN(tile_n_4x2, 4, 2, dot_u8s8, load_w4, K / 2)
-TILE_FN(tile_n_1x4, 1, 4, dot_u8s8, load_w4, K / 2)
-TILE_FN(tile_n_1x1, 1, 1, dot_u8s8, load_w4, K / 2)
+/* Rows this far ahead are prefetched by the one-row tiles: decode streams weights from memory, and the
+ * interleaved rows of a tile defeat the hardware prefetchers (~1.5x the bandwidth measured on Zen 3). */
+#define M1_PREFETCH_ROWS 16
+
+TILE_FN(tile_u_4x2, 4, 2, dot_u8s8, load_w8, K, 0)
+TILE_FN(tile_u_1x4, 1, 4, dot_u8s8, load_w8, K, M1_PREFETCH_ROWS)
+TILE_FN(tile_u_1x1, 1, 1, dot_u8s8, load_w8, K, 0)
+TILE_FN(tile_s_4x2, 4, 2, dot_s8s8, load_w8, K, 0)
+TILE_FN(tile_s_1x4, 1, 4, dot_s8s8, load_w8, K, M1_PREFETCH_ROWS)
+TILE_FN(tile_s_1x1, 1, 1, dot_s8s8, load_w8, K, 0)
+TILE_FN(tile_n_4x2, 4, 2, dot_u8s8, load_w4, K / 2, 0)
+TILE_FN(tile_n_1x4, 1, 4, dot_u8s8, load_w4, K / 2, M1_PREFETCH_ROWS)
+TILE_FN(tile_n_1x1, 1, 1, dot_u8s8, load_w4, K / 2, 0)
 
 enum { W_UNSIGNED8 = 0, W_SIGNED8 = 1, W_NIBBLES = 2 };
 
@@ -128,51 +124,53 @@ enum { W_UNSIGNED8 = 0, W_SIGNED8 = 1, W_NIBBLES = 2 };
         else tile_u_##SHAPE(__VA_ARGS__);                                                                 \
     } while (0)
 
-#define ROW_BLOCK 16
-
-/* y [M][N] = x [M][K] @ W[N][K]^T, with W = q * ws (+ woff), x quantized by gufo_quantize_act.
- * kind: W_UNSIGNED8, W_SIGNED8 or W_NIBBLES. xsum is xsum16 when group == 16, else xsum32.
- * woff may be NULL. Threads split the weight rows, so decode (M == 1) streams with every core. */
-void gufo_qgemm(int M, int N, int K, int group, int kind, const int8_t *xq, const float *xs,
-                const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y) {
+/* Rows [ROW_BLOCK * nbk, ROW_BLOCK * (nbk + 1)) of y [M][N] = x [M][K] @ W[N][K]^T, with W = q * ws (+ woff)
+ * and x quantized by gufo_quantize_act. kind: W_UNSIGNED8, W_SIGNED8 or W_NIBBLES. xsum is xsum16 when
+ * group == 16, else xsum32. woff may be NULL. */
+void gufo_qgemm_block(int M, int N, int K, int group, int kind, const int8_t *xq, const float *xs,
+                      const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y, int nbk) {
     const int ng = K / group;
-    const int n_blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK;
-#pragma omp parallel for schedule(static)
-    for (int nbk = 0; nbk < n_blocks; nbk++) {
-        const int n_start = nbk * ROW_BLOCK;
-        const int n_end = n_start + ROW_BLOCK < N ? n_start + ROW_BLOCK : N;
-        int m0 = 0;
-        for (; m0 + 4 <= M; m0 += 4) {
-            int n0 = n_start;
-            for (; n0 + 2 <= n_end; n0 += 2) {
-                DISPATCH(kind, 4x2, K, group, xq, xs, w, ws, N, y, m0, n0);
-            }
-            for (; n0 < n_end; n0++)
-                for (int i = 0; i < 4; i++) DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, N, y, m0 + i, n0);
+    const int n_start = nbk * ROW_BLOCK;
+    const int n_end = n_start + ROW_BLOCK < N ? n_start + ROW_BLOCK : N;
+    int m0 = 0;
+    for (; m0 + 4 <= M; m0 += 4) {
+        int n0 = n_start;
+        for (; n0 + 2 <= n_end; n0 += 2) {
+            DISPATCH(kind, 4x2, K, group, xq, xs, w, ws, N, y, m0, n0);
         }
-        for (; m0 < M; m0++) {
-            int n0 = n_start;
-            for (; n0 + 4 <= n_end; n0 += 4) {
-                DISPATCH(kind, 1x4, K, group, xq, xs, w, ws, N, y, m0, n0);
-            }
-            for (; n0 < n_end; n0++) {
-                DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, N, y, m0, n0);
-            }
+        for (; n0 < n_end; n0++)
+            for (int i = 0; i < 4; i++) DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, N, y, m0 + i, n0);
+    }
+    for (; m0 < M; m0++) {
+        int n0 = n_start;
+        for (; n0 + 4 <= n_end; n0 += 4) {
+            DISPATCH(kind, 1x4, K, group, xq, xs, w, ws, N, y, m0, n0);
         }
-        if (woff != NULL) {
-            for (int m = 0; m < M; m++)
-                for (int n = n_start; n < n_end; n++) {
-                    const float *o = woff + (size_t)n * ng, *s = xsum + (size_t)m * ng;
-                    __m256 vacc = _mm256_setzero_ps();
-                    int g = 0;
-                    for (; g + 8 <= ng; g += 8)
-                        vacc = _mm256_fmadd_ps(_mm256_loadu_ps(o + g), _mm256_loadu_ps(s + g), vacc);
-                    float acc = hsum256(vacc);
-                    for (; g < ng; g++) acc += o[g] * s[g];
-                    y[(size_t)m * N + n] += acc;
-                }
+        for (; n0 < n_end; n0++) {
+            DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, N, y, m0, n0);
         }
     }
+    if (woff != NULL) {
+        for (int m = 0; m < M; m++)
+            for (int n = n_start; n < n_end; n++) {
+                const float *o = woff + (size_t)n * ng, *s = xsum + (size_t)m * ng;
+                __m256 vacc = _mm256_setzero_ps();
+                int g = 0;
+                for (; g + 8 <= ng; g += 8)
+                    vacc = _mm256_fmadd_ps(_mm256_loadu_ps(o + g), _mm256_loadu_ps(s + g), vacc);
+                float acc = hsum256(vacc);
+                for (; g < ng; g++) acc += o[g] * s[g];
+                y[(size_t)m * N + n] += acc;
+            }
+    }
+}
+
+/* The whole product; threads split the weight rows, so decode (M == 1) streams with every core. */
+void gufo_qgemm(int M, int N, int K, int group, int kind, const int8_t *xq, const float *xs,
+                const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y) {
+#pragma omp parallel for schedule(static)
+    for (int nbk = 0; nbk < ROW_BLOCKS(N); nbk++)
+        gufo_qgemm_block(M, N, K, group, kind, xq, xs, xsum, w, ws, woff, y, nbk);
 }
 
 /* One call per linear layer: quantize x [M][K] into a scratch buffer, then y = x @ W^T. Saves the

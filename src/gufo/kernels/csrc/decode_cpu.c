@@ -1,0 +1,177 @@
+/* One decoder layer for one token in a single call (the CPU decode path).
+ *
+ * At decode every op works on one vector, so the interpreter's cost per op outweighs the op itself;
+ * here a layer is one parallel region: the int8 products split their weight rows over the threads,
+ * attention splits the heads, and the small vector steps run on one thread between barriers.
+ * Semantics follow the torch layer (models/base.py DecoderLayer): pre-norm, QKV product, optional
+ * per-head QK RMSNorm, RoPE from the caller's cos/sin tables, KV append, (sliding-window) grouped
+ * attention, output product, optional post-norm, residual; the same for the gated FFN.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "qgemm_cpu.h"
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
+/* A weight matrix as unpacked for gufo_qgemm_block, and where its output rows go. */
+typedef struct {
+    const uint8_t *q;
+    const float *scale;
+    const float *offset; /* NULL when the format has none */
+    float *out;
+    int32_t rows, group, kind;
+} gufo_part;
+
+/* Must match DecodeLayerStruct in kernels/decode.py field for field. */
+typedef struct {
+    int32_t n_embd, n_heads, n_kv_heads, key_dim, value_dim, n_ff;
+    int32_t rope_dim, rope_neox, act, window; /* window 0: attend to the whole cache */
+    float eps, attn_scale;
+    const float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm; /* q/k/post: NULL = none */
+    int32_t n_qkv, n_gate_up;
+    gufo_part qkv[3], o, gate_up[2], down;
+    float *q, *k, *v, *gate, *up; /* views into the parts' outputs */
+    float *xn, *attn, *h, *act_out; /* scratch: normed input, attention output, block output, FFN hidden */
+    int8_t *xq;                     /* quantized activations of the widest input, and their scales/sums */
+    float *xs, *xsum16, *xsum32;
+} gufo_layer;
+
+static void quantize(const gufo_layer *L, int K, const float *x) {
+    gufo_quantize_act(1, K, x, L->xq, L->xs, L->xsum16, L->xsum32);
+}
+
+/* All parts read the same quantized input; their row blocks form one work list for the team. */
+static void products(const gufo_layer *L, int n, const gufo_part *parts, int K) {
+    int total = 0;
+    for (int p = 0; p < n; p++) total += ROW_BLOCKS(parts[p].rows);
+#pragma omp for schedule(static)
+    for (int i = 0; i < total; i++) {
+        int p = 0, nbk = i;
+        while (nbk >= ROW_BLOCKS(parts[p].rows)) nbk -= ROW_BLOCKS(parts[p++].rows);
+        const gufo_part *P = parts + p;
+        gufo_qgemm_block(1, P->rows, K, P->group, P->kind, L->xq, L->xs, P->group == 16 ? L->xsum16 : L->xsum32,
+                         P->q, P->scale, P->offset, P->out, nbk);
+    }
+}
+
+/* x * cos + partner(x) * sin over the first `dim` columns of each head; tables laid out as Rope.tables. */
+static void rope(float *x, int heads, int head_dim, int dim, int neox, const float *cos, const float *sin) {
+    float tmp[dim];
+    const int half = dim / 2;
+    for (int h = 0; h < heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int i = 0; i < dim; i++) {
+            const float partner = neox ? v[i < half ? i + half : i - half] : v[i ^ 1];
+            tmp[i] = v[i] * cos[i] + partner * sin[i];
+        }
+        memcpy(v, tmp, sizeof(float) * dim);
+    }
+}
+
+static float dot(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float sum = hsum256(acc);
+    for (; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+/* out += p * v over n floats */
+static void axpy(float *out, float p, const float *v, int n) {
+    const __m256 pv = _mm256_set1_ps(p);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
+    for (; i < n; i++) out[i] += p * v[i];
+}
+
+/* Softmax attention of head h's query over cache positions first..pos (scores: ctx floats of its own). */
+static void attend(const gufo_layer *L, int h, const float *keys, const float *values, int ctx, int first,
+                   int pos, float *scores) {
+    const int dk = L->key_dim, dv = L->value_dim, kvh = h / (L->n_heads / L->n_kv_heads);
+    const float *q = L->q + (size_t)h * dk;
+    const float *kb = keys + (size_t)kvh * ctx * dk, *vb = values + (size_t)kvh * ctx * dv;
+    float mx = -INFINITY;
+    for (int t = first; t <= pos; t++) {
+        scores[t] = dot(q, kb + (size_t)t * dk, dk) * L->attn_scale;
+        mx = fmaxf(mx, scores[t]);
+    }
+    float sum = 0.0f;
+    for (int t = first; t <= pos; t++) {
+        scores[t] = expf(scores[t] - mx);
+        sum += scores[t];
+    }
+    float *out = L->attn + (size_t)h * dv;
+    memset(out, 0, sizeof(float) * dv);
+    for (int t = first; t <= pos; t++) axpy(out, scores[t] / sum, vb + (size_t)t * dv, dv);
+}
+
+/* x += post_norm(h) (or h when there is no post-norm). */
+static void residual(const gufo_layer *L, float *x, const float *post_norm) {
+    if (post_norm != NULL) gufo_rms_norm(1, L->n_embd, L->h, post_norm, L->eps, L->h);
+    for (int i = 0; i < L->n_embd; i++) x[i] += L->h[i];
+}
+
+static void activate(const gufo_layer *L) {
+    for (int i = 0; i < L->n_ff; i++) {
+        const float g = L->gate[i];
+        const float a = L->act == ACT_SILU ? g / (1.0f + expf(-g))
+                                           : 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+        L->act_out[i] = a * L->up[i];
+    }
+}
+
+/* x [n_embd] is updated in place. keys/values: this layer's cache for the slot, [kv_heads][ctx][dim];
+ * the token's k, v are written at `pos`. cos/sin: the RoPE tables of this position (rope_dim floats).
+ * scores: n_heads * ctx floats of scratch. */
+void gufo_decode_layer(const gufo_layer *L, float *x, const float *cos, const float *sin, float *keys,
+                       float *values, int ctx, int pos, float *scores) {
+    const int first = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
+    const int n_attn = L->n_heads * L->value_dim;
+#pragma omp parallel
+    {
+#pragma omp single
+        {
+            gufo_rms_norm(1, L->n_embd, x, L->attn_norm, L->eps, L->xn);
+            quantize(L, L->n_embd, L->xn);
+        }
+        products(L, L->n_qkv, L->qkv, L->n_embd);
+#pragma omp single
+        {
+            if (L->q_norm != NULL) {
+                gufo_rms_norm(L->n_heads, L->key_dim, L->q, L->q_norm, L->eps, L->q);
+                gufo_rms_norm(L->n_kv_heads, L->key_dim, L->k, L->k_norm, L->eps, L->k);
+            }
+            rope(L->q, L->n_heads, L->key_dim, L->rope_dim, L->rope_neox, cos, sin);
+            rope(L->k, L->n_kv_heads, L->key_dim, L->rope_dim, L->rope_neox, cos, sin);
+            for (int g = 0; g < L->n_kv_heads; g++) {
+                memcpy(keys + ((size_t)g * ctx + pos) * L->key_dim, L->k + (size_t)g * L->key_dim,
+                       sizeof(float) * L->key_dim);
+                memcpy(values + ((size_t)g * ctx + pos) * L->value_dim, L->v + (size_t)g * L->value_dim,
+                       sizeof(float) * L->value_dim);
+            }
+        }
+#pragma omp for schedule(static)
+        for (int h = 0; h < L->n_heads; h++) attend(L, h, keys, values, ctx, first, pos, scores + (size_t)h * ctx);
+#pragma omp single
+        quantize(L, n_attn, L->attn);
+        products(L, 1, &L->o, n_attn);
+#pragma omp single
+        {
+            residual(L, x, L->post_attn_norm);
+            gufo_rms_norm(1, L->n_embd, x, L->ffn_norm, L->eps, L->xn);
+            quantize(L, L->n_embd, L->xn);
+        }
+        products(L, L->n_gate_up, L->gate_up, L->n_embd);
+#pragma omp single
+        {
+            activate(L);
+            quantize(L, L->n_ff, L->act_out);
+        }
+        products(L, 1, &L->down, L->n_ff);
+#pragma omp single
+        residual(L, x, L->post_ffn_norm);
+    }
+}

@@ -1,0 +1,243 @@
+"""The one-token "decode_layer" op: the torch layer (reference) and the fused CPU kernel (csrc/decode_cpu.c).
+
+At decode a layer is ~35 tiny torch ops whose interpreter cost exceeds their work; the CPU kernel runs
+the whole layer in one C call. It takes a model whose every product runs on the int8 CPU kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from gufo.errors import BadInputError
+from gufo.kernels.cpu_int8 import CpuInt8Linear, Int8Weight, library
+from gufo.kernels.registry import REFERENCE_BACKEND, register
+
+if TYPE_CHECKING:
+    from gufo.models.base import DecoderLayer
+    from gufo.models.layers import FusedLinear, Linear
+    from gufo.runtime.kv_cache import KVCache
+
+ACT_CODES = ("silu", "gelu_tanh")  # index = the C kernel's ACT_* value
+
+
+@register(REFERENCE_BACKEND, "decode_layer")
+class ReferenceDecodeLayer:
+    name = "torch-layer"
+
+    @staticmethod
+    def prepare(layers: list[DecoderLayer]) -> list[DecoderLayer]:
+        return layers
+
+    @staticmethod
+    def apply(
+        plan: list[DecoderLayer],
+        index: int,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        slot: int,
+        start_pos: int,
+    ) -> torch.Tensor:
+        return plan[index](x, rope_tables, cache, index, slot, start_pos)
+
+
+_f32, _i32, _ptr = ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
+
+
+class PartStruct(ctypes.Structure):
+    _fields_ = [
+        ("q", _ptr),
+        ("scale", _ptr),
+        ("offset", _ptr),
+        ("out", _ptr),
+        ("rows", _i32),
+        ("group", _i32),
+        ("kind", _i32),
+    ]
+
+
+class DecodeLayerStruct(ctypes.Structure):
+    """Mirrors gufo_layer in csrc/decode_cpu.c."""
+
+    _fields_ = [
+        *((n, _i32) for n in ("n_embd", "n_heads", "n_kv_heads", "key_dim", "value_dim", "n_ff")),
+        *((n, _i32) for n in ("rope_dim", "rope_neox", "act", "window")),
+        ("eps", _f32),
+        ("attn_scale", _f32),
+        *(
+            (n, _ptr)
+            for n in ("attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm")
+        ),
+        ("n_qkv", _i32),
+        ("n_gate_up", _i32),
+        ("qkv", PartStruct * 3),
+        ("o", PartStruct),
+        ("gate_up", PartStruct * 2),
+        ("down", PartStruct),
+        *((n, _ptr) for n in ("q", "k", "v", "gate", "up", "xn", "attn", "h", "act_out")),
+        *((n, _ptr) for n in ("xq", "xs", "xsum16", "xsum32")),
+    ]
+
+
+@dataclass
+class CpuDecodePlan:
+    structs: list[DecodeLayerStruct]
+    scratch: list[torch.Tensor]  # what the structs point into, kept alive here
+    n_heads: int
+    scores: torch.Tensor  # attention scores, n_heads * context floats, grown on demand
+
+
+def _ptr_of(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
+def _part(linear: Linear, out: int) -> PartStruct:
+    w: Int8Weight = linear.weight
+    return PartStruct(
+        w.q.data_ptr(), w.scale.data_ptr(), _ptr_of(w.offset), out, linear.out_features, w.group, w.kind
+    )
+
+
+def _fused_parts(fused: FusedLinear, out: int) -> tuple[list[PartStruct], list[int]]:
+    """Parts writing one after another into float32s at `out`, and the address of each named matrix's rows."""
+    parts, starts, offset = [], [], 0
+    for linear in fused.parts:
+        parts.append(_part(linear, out + 4 * offset))
+        for size in linear.split_sizes:
+            starts.append(offset)
+            offset += size
+    return parts, [out + 4 * starts[i] for i in fused.order]
+
+
+def _linears(layer: DecoderLayer) -> list[Linear]:
+    return [*layer.attn.qkv.parts, layer.attn.o, *layer.ffn.gate_up.parts, layer.ffn.down]
+
+
+@register("cpu", "decode_layer")
+class CpuDecodeLayer:
+    name = "cpu-fused-layer"
+
+    @staticmethod
+    def available() -> bool:
+        return library() is not None
+
+    @staticmethod
+    def prepare(layers: list[DecoderLayer]) -> CpuDecodePlan | None:
+        """The C structs of every layer over shared scratch; None when a layer has a product this kernel
+        cannot run (a float or unsupported weight) or an activation it does not know."""
+        for layer in layers:
+            if layer.ffn.act_name not in ACT_CODES or any(
+                lin.kernel is not CpuInt8Linear or lin.route != "cpu" for lin in _linears(layer)
+            ):
+                return None
+        # Layers run one after another, so they share one set of scratch vectors (kept hot in cache).
+        scratch: list[torch.Tensor] = []
+
+        def buffer(n: int, dtype: torch.dtype = torch.float32) -> int:
+            scratch.append(torch.zeros(n, dtype=dtype))
+            return scratch[-1].data_ptr()
+
+        def widest(get: Callable[[DecoderLayer], int]) -> int:
+            return max(get(layer) for layer in layers)
+
+        cfg = layers[0].attn.cfg
+        k_max = widest(lambda layer: max(lin.in_features for lin in _linears(layer)))
+        xq, xs, xsum16, xsum32 = (
+            buffer(k_max, torch.int8),
+            buffer(k_max // 32),
+            buffer(k_max // 16),
+            buffer(k_max // 32),
+        )
+        qkv_out = buffer(widest(lambda layer: sum(p.out_features for p in layer.attn.qkv.parts)))
+        gate_up_out = buffer(widest(lambda layer: sum(p.out_features for p in layer.ffn.gate_up.parts)))
+        xn, h = buffer(cfg.n_embd), buffer(cfg.n_embd)
+        attn_out, act_out = (
+            buffer(widest(lambda layer: layer.attn.o.in_features)),
+            buffer(widest(lambda layer: layer.ffn.down.in_features)),
+        )
+        structs = []
+        for layer in layers:
+            attn, ffn = layer.attn, layer.ffn
+            qkv_parts, (q, k, v) = _fused_parts(attn.qkv, qkv_out)
+            gu_parts, (gate, up) = _fused_parts(ffn.gate_up, gate_up_out)
+            structs.append(
+                DecodeLayerStruct(
+                    cfg.n_embd,
+                    cfg.n_heads,
+                    cfg.n_kv_heads,
+                    cfg.key_dim,
+                    cfg.value_dim,
+                    ffn.down.in_features,
+                    attn.rope.dim,
+                    int(attn.rope.neox),
+                    ACT_CODES.index(ffn.act_name),
+                    attn.window or 0,
+                    cfg.rms_eps,
+                    attn.scale,
+                    layer.attn_norm.weight.data_ptr(),
+                    _ptr_of(attn.q_norm.weight if attn.q_norm else None),
+                    _ptr_of(attn.k_norm.weight if attn.k_norm else None),
+                    _ptr_of(layer.post_attn_norm.weight if layer.post_attn_norm else None),
+                    layer.ffn_norm.weight.data_ptr(),
+                    _ptr_of(layer.post_ffn_norm.weight if layer.post_ffn_norm else None),
+                    len(qkv_parts),
+                    len(gu_parts),
+                    (PartStruct * 3)(*qkv_parts),
+                    _part(attn.o, h),
+                    (PartStruct * 2)(*gu_parts),
+                    _part(ffn.down, h),
+                    q,
+                    k,
+                    v,
+                    gate,
+                    up,
+                    xn,
+                    attn_out,
+                    h,
+                    act_out,
+                    xq,
+                    xs,
+                    xsum16,
+                    xsum32,
+                )
+            )
+        return CpuDecodePlan(structs, scratch, cfg.n_heads, torch.empty(0))
+
+    @staticmethod
+    def apply(
+        plan: CpuDecodePlan,
+        index: int,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        slot: int,
+        start_pos: int,
+    ) -> torch.Tensor:
+        if start_pos >= cache.context:
+            raise BadInputError(
+                f"sequence of {start_pos + 1} tokens exceeds the context size {cache.context}"
+            )
+        keys, values = cache.keys[index][slot], cache.values[index][slot]
+        if keys.dtype != torch.float32 or not (keys.is_contiguous() and values.is_contiguous()):
+            raise TypeError("the CPU decode kernel needs a contiguous float32 KV cache")
+        if plan.scores.numel() < plan.n_heads * cache.context:
+            plan.scores = torch.empty(plan.n_heads * cache.context)
+        cos, sin = (t.contiguous() for t in rope_tables)
+        out = x.contiguous().clone()
+        library().gufo_decode_layer(
+            ctypes.addressof(plan.structs[index]),
+            out.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            cache.context,
+            start_pos,
+            plan.scores.data_ptr(),
+        )
+        return out
