@@ -27,6 +27,16 @@ positive_int = _int_at_least(1, "a positive integer")
 non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def add_model_flag(parser: argparse.ArgumentParser, required: bool = False) -> None:
     aliases = ", ".join(sorted(ALIASES))
     parser.add_argument(
@@ -46,6 +56,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-c",
         "--ctx-size",
+        "--context",
         type=positive_int,
         default=DEFAULT_CONTEXT,
         help=f"context size in tokens (KV cache length), capped at the model's (default {DEFAULT_CONTEXT})",
@@ -99,13 +110,14 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(seed=args.seed, **fields)
 
 
-def make_engine(args: argparse.Namespace):
+def make_engine(args: argparse.Namespace, n_slots: int = 1):
     from gufo.runtime.engine import Engine
 
     return Engine(
         args.model,
         device=args.device,
         context=args.ctx_size,
+        n_slots=n_slots,
         batch_size=args.batch_size,
         threads=args.threads,
     )

@@ -11,7 +11,19 @@ from gufo import __version__
 from gufo.errors import GufoError
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func`.
-COMMAND_MODULES = ["run", "chat", "tokenize", "logits", "info", "bench", "compare", "kernels", "synth"]
+COMMAND_MODULES = [
+    "run",
+    "chat",
+    "tokenize",
+    "logits",
+    "info",
+    "bench",
+    "compare",
+    "kernels",
+    "synth",
+    "serve",
+    "bench_serve",
+]
 
 
 class OneLineParser(argparse.ArgumentParser):

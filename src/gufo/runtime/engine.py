@@ -112,6 +112,15 @@ class Engine:
         self.check_fits(position + 1)
         return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1]
 
+    @torch.inference_mode()
+    def decode_batch(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]
+    ) -> torch.Tensor:
+        """One decode step for several sequences (token i at positions[i] in slots[i]): logits [B, vocab]."""
+        # One forward per row for now; rows stay independent, so batched greedy output equals sequential.
+        rows = zip(tokens, positions, slots, strict=True)
+        return torch.stack([self.decode(token, position, slot) for token, position, slot in rows])
+
     def generate(
         self,
         prompt_ids: Sequence[int],

@@ -1,0 +1,108 @@
+"""`gufo serve`: an OpenAI-compatible HTTP server (the work is in gufo.server)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gufo.cli.common import add_engine_flags, make_engine, non_negative_int, positive_float, positive_int
+from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL, resolve_model
+from gufo.server.app import ServerSettings, listen, serve
+from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
+
+DEFAULTS = ServerSettings(model_id="")
+
+EPILOG = """\
+Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health (503 while
+the model loads), GET /metrics (Prometheus text). Errors use OpenAI's error object. Request extensions:
+top_k, min_p, repeat_penalty (llama.cpp sampling), stop_token_ids, cache_prompt=false (no prefix reuse).
+Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms)."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server with concurrent sessions",
+        description="Serve the model over an OpenAI-compatible HTTP API. Requests share N preallocated KV "
+        "slots; active ones decode together, new prompts are prefilled in chunks between decode steps, and "
+        "a request whose prompt shares a prefix with what a free slot holds reuses that KV.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_engine_flags(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=non_negative_int, default=8080, help="TCP port (default 8080; 0 picks a free one)"
+    )
+    parser.add_argument(
+        "--sessions", type=positive_int, default=1, help="KV slots, i.e. requests served at once (default 1)"
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=DEFAULTS.max_tokens,
+        help=f"tokens generated per request when it sets no limit, and the most it may ask for "
+        f"(default {DEFAULTS.max_tokens})",
+    )
+    parser.add_argument(
+        "--max-pending",
+        type=non_negative_int,
+        default=DEFAULTS.max_pending,
+        help=f"requests that may wait for a slot; beyond that, 429 (default {DEFAULTS.max_pending})",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=positive_int,
+        default=DEFAULTS.max_request_bytes,
+        help=f"largest request body accepted; larger ones get 413 (default {DEFAULTS.max_request_bytes})",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="seconds a request may take, queueing included, before it is cancelled (default: no limit)",
+    )
+    parser.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route (default: none)"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="model id clients must name (default: the -m alias, or the file name without .gguf)",
+    )
+    parser.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help=f"prompt tokens prefilled per scheduler step, between decode steps "
+        f"(default {DEFAULT_PREFILL_CHUNK})",
+    )
+    parser.set_defaults(func=run)
+
+
+def model_id(args: argparse.Namespace, path: Path) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    name = args.model or DEFAULT_MODEL
+    return name if name in ALIASES else path.stem
+
+
+def run(args: argparse.Namespace) -> int:
+    path = resolve_model(args.model)  # a bad -m is one line and exit 2 before anything listens
+    settings = ServerSettings(
+        model_id=model_id(args, path),
+        max_tokens=args.max_tokens,
+        max_pending=args.max_pending,
+        max_request_bytes=args.max_request_bytes,
+        request_timeout=args.request_timeout,
+        api_key=args.api_key,
+        prefill_chunk=args.prefill_chunk,
+    )
+    sock = listen(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"gufo: serving {settings.model_id} on http://{host}:{port} (loading the model)", file=sys.stderr)
+    serve(settings, lambda: make_engine(args, n_slots=args.sessions), sock)
+    return 0

@@ -1,0 +1,122 @@
+"""The server through the official openai client: outputs equal gufo's own Engine, usage equals the
+tokenizer's counts, streams concatenate to the non-streamed text; prefix reuse, stop strings, logprobs;
+and `gufo bench-serve` against it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gufo.runtime.sampling import SamplingParams
+from gufo.server.app import ServerSettings
+from tests.conftest import gufo
+from tests.server.conftest import MODEL, live_server, load_engine
+
+GREEDY = {"temperature": 0, "max_tokens": 12}
+NO_CACHE = {"cache_prompt": False}  # the expected outputs come from a prefill of the whole prompt
+
+
+@pytest.fixture(scope="module")
+def server():
+    with live_server(ServerSettings(MODEL, max_tokens=16), lambda: load_engine(2)) as live:
+        yield live
+
+
+def expected(engine, prompt: str, max_tokens: int = 12) -> tuple[list[int], list[int], str]:
+    """Prompt ids, generated ids and text of a greedy `Engine.generate` (EOG shows no text)."""
+    tok = engine.tokenizer
+    prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
+    ids = engine.generate(prompt_ids, max_tokens, SamplingParams(temperature=0)).generated_ids
+    return prompt_ids, ids, tok.decode([t for t in ids if t not in tok.eog_ids])
+
+
+MESSAGES = [{"role": "user", "content": "Name three colors."}]
+
+
+def test_chat_equals_engine_and_stream_concatenates(server, reference_engine):
+    tok = reference_engine.tokenizer
+    prompt_ids, ids, text = expected(reference_engine, tok.apply_chat_template(MESSAGES))
+    client = server.client()
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body=NO_CACHE, **GREEDY)
+    assert reply.choices[0].message.content == text and text
+    assert reply.choices[0].finish_reason == ("stop" if ids[-1] in tok.eog_ids else "length")
+    assert reply.usage.prompt_tokens == len(prompt_ids)
+    assert reply.usage.completion_tokens == len(ids)
+    assert reply.usage.total_tokens == len(prompt_ids) + len(ids)
+    timings = reply.model_extra["timings"]
+    assert timings["prompt_n"] == len(prompt_ids) and timings["predicted_n"] == len(ids)
+    assert timings["cache_n"] == 0 and timings["prompt_ms"] > 0
+
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=NO_CACHE,
+        **GREEDY,
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reply.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ids)
+
+
+def test_completion_equals_engine(server, reference_engine):
+    prompt = "The three primary colors are"
+    prompt_ids, ids, text = expected(reference_engine, prompt)
+    reply = server.client().completions.create(model=MODEL, prompt=prompt, extra_body=NO_CACHE, **GREEDY)
+    assert reply.choices[0].text == text
+    assert reply.usage.prompt_tokens == len(prompt_ids) and reply.usage.completion_tokens == len(ids)
+
+
+def test_models_lists_the_served_id(server):
+    assert [m.id for m in server.client().models.list()] == [MODEL]
+
+
+def test_prefix_reuse_reports_cached_tokens(server):
+    client = server.client()
+    prompt = "Prefix reuse: a long shared opening sentence about rivers, stones and light."
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    n = first.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens == n - 1  # the last token gives the logits
+    assert again.model_extra["timings"]["cache_n"] == n - 1 and again.model_extra["timings"]["prompt_n"] == 1
+
+
+def test_stop_string_cuts_text_in_both_modes(server, reference_engine):
+    prompt = "The three primary colors are"
+    _, _, text = expected(reference_engine, prompt)
+    stop = text.split()[1]  # a word inside the greedy text
+    client = server.client()
+    args = {"model": MODEL, "prompt": prompt, "stop": [stop], "extra_body": NO_CACHE, **GREEDY}
+    reply = client.completions.create(**args)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **args) if c.choices)
+    assert reply.choices[0].text == streamed == text[: text.index(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_of_greedy_tokens(server):
+    reply = server.client().chat.completions.create(
+        model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=3, **GREEDY
+    )
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)  # greedy takes the top one
+
+
+def test_bench_serve_reports_parity_and_no_text(server, capsys, tmp_path):
+    out = tmp_path / "serve.json"
+    args = ["--concurrency", "1,2", "--max-tokens", "4", "-r", "1", "--prompt-words", "8", "-o", str(out)]
+    code, stdout, _ = gufo(capsys, "bench-serve", "--base-url", server.base_url, *args)
+    assert code == 0
+    assert "| 2 |" in stdout and "| yes |" in stdout
+    report = json.loads(out.read_text())
+    assert [r["concurrency"] for r in report["results"]] == [1, 2]
+    assert report["results"][1]["greedy_matches_c1"] is True
+    assert all(r["cached_tokens"] == 0 for r in report["results"])
+    text = out.read_text()
+    assert "127.0.0.1" not in text and "river" not in text  # no host, no prompt
