@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,10 @@ import pytest
 from gufo.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# GUFO_SHARED: where the shared oracles are when not beside the checkout (e.g. copied to a GPU machine)
+SHARED = Path(os.environ.get("GUFO_SHARED", REPO.parent / "shared"))
+# GUFO_TEST_DEVICE: run the real-model golden checks on another device (cuda) with the same limits
+DEVICE = os.environ.get("GUFO_TEST_DEVICE", "cpu")
 GOLDENS = SHARED / "goldens"
 
 MODELS = {

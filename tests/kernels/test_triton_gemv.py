@@ -46,10 +46,10 @@ def columns(qtype: gguf.GGMLQuantizationType) -> int:
     return 512 if block_shape(qtype)[0] == 256 else 11 * 32
 
 
-def random_tensor(qtype: gguf.GGMLQuantizationType, rows: int = ROWS) -> TensorInfo:
+def random_tensor(qtype: gguf.GGMLQuantizationType, rows: int = ROWS, cols: int | None = None) -> TensorInfo:
     """Random valid blocks: random bytes with the fp16 scales overwritten by finite values of both signs."""
     rng = np.random.default_rng(int(qtype))
-    cols = columns(qtype)
+    cols = cols or columns(qtype)
     if qtype in (Q.F32, Q.F16, Q.BF16):
         values = torch.from_numpy(rng.standard_normal((rows, cols), dtype=np.float32))
         dtype = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}[qtype]
@@ -176,16 +176,6 @@ def test_kernel_in_interpreter(interpreter_results, case):
 # host-side checks, in this process
 
 
-def join_fields(qtype: gguf.GGMLQuantizationType, planes: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Inverse of split_fields: the GGUF rows, each block's fields put back at their byte ranges."""
-    rows, fields = planes[0].shape[0], gemv.FORMATS[qtype].fields
-    pieces = [
-        p.view(torch.uint8).reshape(rows, -1, f.end - f.start) for p, f in zip(planes, fields, strict=True)
-    ]
-    order = sorted(range(len(fields)), key=lambda i: fields[i].start)
-    return torch.cat([pieces[i] for i in order], dim=-1).reshape(rows, -1)
-
-
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_field_planes_round_trip(qtype):
     info = random_tensor(qtype)
@@ -193,7 +183,7 @@ def test_field_planes_round_trip(qtype):
     fields = gemv.FORMATS[qtype].fields
     assert sum(f.end - f.start for f in fields) == block_shape(qtype)[1]  # every byte, once
     assert all(p.is_contiguous() for p in weight.planes)
-    assert torch.equal(join_fields(qtype, weight.planes), torch.from_numpy(info.data))
+    assert torch.equal(gemv.join_fields(qtype, weight.planes), torch.from_numpy(info.data))
 
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
@@ -215,3 +205,23 @@ def test_package_imports_without_triton():
 
 if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set before importing triton)
     print(json.dumps(run_interpreter_cases()))
+
+
+# --------------------------------------------------------------------------------------------------
+# the compiled kernels on a GPU, on real shapes (skipped without one)
+
+GPU_REL = {torch.float32: 1e-4, torch.float16: 2.0**-9, torch.bfloat16: 2.0**-7}  # K = 4096 products
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [1, 5, 16, 64], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_gpu_real_shapes(qtype, m):
+    """Qwen3-8B widths: K = 4096, 5096 rows (a tail tile); M > 16 takes the prefill path."""
+    info = random_tensor(qtype, rows=4096 + 1000, cols=4096)
+    weight = gemv.TritonLinear.prepare(info)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = activations(m, 4096, dtype)
+        y = gemv.TritonLinear.apply(x.cuda(), weight).cpu()
+        prefill = m > gemv.MAX_BLOCK_M  # bf16 operands whatever the input dtype
+        check(y, x, info, GPU_REL[torch.bfloat16 if prefill else dtype])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import GOLDENS, MODELS, golden
+from tests.conftest import DEVICE, GOLDENS, MODELS, golden
 
 MARGIN = 1.0  # steps where llama.cpp's top1-top2 margin is below this may legitimately differ
 KL_LIMIT = 0.02
@@ -16,7 +16,7 @@ KL_LIMIT = 0.02
 def engine(request):
     from gufo.runtime.engine import Engine
 
-    return request.param, Engine(request.param, context=512)
+    return request.param, Engine(request.param, device=DEVICE, context=512)
 
 
 def test_teacher_forced_argmax_matches_llamacpp(engine):

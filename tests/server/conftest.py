@@ -16,7 +16,8 @@ import pytest
 import uvicorn
 
 from gufo.runtime.engine import Engine
-from gufo.server.app import ServerSettings, create_app, listen
+from gufo.server.app import create_app, listen
+from gufo.server.settings import ServerSettings
 
 MODEL = "smollm2-135m"
 CONTEXT = 512

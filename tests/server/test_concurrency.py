@@ -7,7 +7,7 @@ import time
 import openai
 import pytest
 
-from gufo.server.app import ServerSettings
+from gufo.server.settings import ServerSettings
 from tests.server.conftest import MODEL, assert_error, live_server, load_engine
 
 PROMPTS = ["Tell me about cats.", "What is rain?", "Count to five.", "Describe a tree."]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gufo.server.app import ServerSettings
+from gufo.server.settings import ServerSettings
 from tests.server.conftest import MODEL, assert_error, live_server, load_engine
 
 KEY = "test-key"

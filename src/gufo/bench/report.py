@@ -74,6 +74,7 @@ def make_record(
         "samples_ts": [round(ts, 6) for ts in timing.samples_ts],
         "test": test.name,
         **{k: run[k] for k in ("device", "device_name", "routes")},
+        "graph_capture_s": run.get("graph_capture_s", 0.0),  # CUDA graph capture so far (untimed)
         **{k: build[k] for k in ("gufo_version", "torch_version", "triton_version", "machine_fingerprint")},
         **({"prefill_validation": run["prefill_validation"]} if run.get("prefill_validation") else {}),
     }

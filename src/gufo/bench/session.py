@@ -30,6 +30,7 @@ class BenchPlan:
     warmup: bool = True
     delay: float = 0.0
     device: str = "cpu"
+    graphs: bool = True  # GPU decode steps replay captured CUDA graphs
     validate_prefill: int | None = None
     prefill_noise: tuple[int, float] | None = None  # debug hook: (layer, std), see add_prefill_noise
 
@@ -63,7 +64,9 @@ class EngineCache:
     def get(self, name: str) -> Engine:
         if name != self.name or self.engine is None:
             self.engine = None  # free the previous model before loading the next
-            engine = Engine(name, device=self.plan.device, context=self.plan.needed_context)
+            engine = Engine(
+                name, device=self.plan.device, context=self.plan.needed_context, graphs=self.plan.graphs
+            )
             if self.plan.prefill_noise is not None:
                 add_prefill_noise(engine, *self.plan.prefill_noise)
             self.name, self.engine = name, engine
@@ -129,4 +132,5 @@ def run_benchmarks(
                     raise
                 except Exception as err:  # one line and exit 1; the rows already printed stay valid
                     raise GufoError(f"{name}: benchmark failed: {type(err).__name__}: {err}") from None
+                run_fields["graph_capture_s"] = round(engine.graph_capture_seconds, 3)
                 yield make_record(build, model, run_fields, timing)

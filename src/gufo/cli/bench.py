@@ -13,7 +13,7 @@ from gufo.bench.machine import build_info
 from gufo.bench.report import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS, make_printer
 from gufo.bench.runner import Progress, plan_tests
 from gufo.bench.session import BenchPlan, EngineCache, preflight, run_benchmarks, run_validations
-from gufo.cli.common import positive_int
+from gufo.cli.common import add_eager_flag, positive_int
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import DEFAULT_MODEL
 from gufo.quality.validate_prefill import PrefillValidation
@@ -91,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="also print results in this format on stderr",
     )
+    add_eager_flag(parser)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each test")
     parser.add_argument(
         "--progress",
@@ -155,6 +156,7 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
         warmup=not args.no_warmup,
         delay=args.delay,
         device=args.device,
+        graphs=not args.eager,
         validate_prefill=args.validate_prefill,
         prefill_noise=parse_noise(),
     )

@@ -75,6 +75,15 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="CPU threads (default: torch's default, usually the number of cores)",
     )
+    add_eager_flag(parser)
+
+
+def add_eager_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--eager",
+        action="store_true",
+        help="GPU: run each decode step op by op instead of replaying a captured CUDA graph (debugging)",
+    )
 
 
 # (flag, SamplingParams field, parser, help) for the flags that map one-to-one onto a field.
@@ -120,6 +129,7 @@ def make_engine(args: argparse.Namespace, n_slots: int = 1):
         n_slots=n_slots,
         batch_size=args.batch_size,
         threads=args.threads,
+        graphs=not args.eager,
     )
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from gufo.cli.common import add_engine_flags, make_engine, non_negative_int, positive_float, positive_int
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL, resolve_model
-from gufo.server.app import ServerSettings, listen, serve
 from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
+from gufo.server.settings import ServerSettings
 
 DEFAULTS = ServerSettings(model_id="")
 
@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         prefill_chunk=args.prefill_chunk,
     )
+    from gufo.server.app import listen, serve  # the ASGI stack loads only when serving
+
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     print(f"gufo: serving {settings.model_id} on http://{host}:{port} (loading the model)", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,10 +44,17 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("gufo")) / "models"
 
 
+MODEL_DIR_ENV = "GUFO_MODEL_DIR"  # a folder where aliases look first (offline machines)
+
+
 def resolve_model(name: str | None) -> Path:
     """Turn `-m` (a path, an alias, or None for the default) into an existing GGUF path."""
     name = name or DEFAULT_MODEL
     alias = ALIASES.get(name)
+    if alias is not None and os.environ.get(MODEL_DIR_ENV):
+        local = Path(os.environ[MODEL_DIR_ENV]) / alias.file_name
+        if local.exists():
+            return local
     if alias is None:
         path = Path(name).expanduser()
         if not path.exists():

@@ -11,11 +11,29 @@ from gufo.kernels import cpu_int8, decode, linear_reference, norm  # noqa: F401
 
 
 def select(device: str) -> str:
+    """Check the device and make it current (GPU kernels allocate on the current device)."""
     kind = device.split(":", 1)[0]
     if kind == "cpu":
         return "cpu"
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise BadInputError(f"--device {device}: no CUDA/ROCm device is visible to torch")
-        raise BadInputError(f"--device {device}: the GPU backend is not built yet; use --device cpu")
+        from gufo.kernels import triton as triton_kernels  # registers the Triton kernels
+
+        if not triton_kernels.AVAILABLE:
+            raise BadInputError(f"--device {device}: the `triton` package is not installed")
+        try:
+            index = torch.device(device).index
+            if index is not None:
+                torch.cuda.set_device(index)
+        except (RuntimeError, ValueError) as err:
+            raise BadInputError(f"--device {device}: {err}") from None
+        return "cuda"
     raise BadInputError(f"--device {device}: unknown device (expected cpu or cuda[:N])")
+
+
+def device_of(backend: str) -> torch.device:
+    """Where a backend's tensors live: the current GPU for "cuda", else the CPU."""
+    if backend == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import torch
 
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.registry import REFERENCE_BACKEND, register
 from gufo.quant import dequantize
+
+
+def raw_rows(info: TensorInfo) -> torch.Tensor:
+    """The tensor's GGUF rows as a uint8 torch view of the map [rows, row_bytes] (no copy)."""
+    with warnings.catch_warnings():  # read-only memmap: nothing writes into the file's bytes
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.as_tensor(np.asarray(info.data)).reshape(-1, info.data.shape[-1])
 
 
 def dequantize_tensor(info: TensorInfo, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -30,3 +40,20 @@ class ReferenceLinear:
     @staticmethod
     def apply(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x @ weight.T
+
+
+@register("cuda", "linear")
+class DeviceDequantLinear:
+    """GPU fallback for block formats without a Triton kernel: the raw GGUF rows live on the device and
+    are dequantized there for every product (correct, not fast)."""
+
+    name = "torch-dequant-on-device"
+
+    @staticmethod
+    def prepare(info: TensorInfo) -> tuple[TensorInfo, torch.Tensor]:
+        return info, raw_rows(info).to(torch.device("cuda", torch.cuda.current_device()))
+
+    @staticmethod
+    def apply(x: torch.Tensor, weight: tuple[TensorInfo, torch.Tensor]) -> torch.Tensor:
+        info, raw = weight
+        return x @ dequantize(info.qtype, raw, info.shape[-1]).to(x.dtype).T

@@ -9,9 +9,18 @@ from typing import Any
 import torch
 
 from gufo.gguf.model_file import ModelFile
-from gufo.kernels import registry
+from gufo.kernels import backends, registry
 from gufo.kernels.registry import REFERENCE_BACKEND
-from gufo.models.layers import ACTIVATIONS, Embedding, FusedLinear, Linear, RMSNorm, Rope, attention
+from gufo.models.layers import (
+    ACTIVATIONS,
+    DevicePosition,
+    Embedding,
+    FusedLinear,
+    Linear,
+    RMSNorm,
+    Rope,
+    attention,
+)
 from gufo.runtime.kv_cache import KVCache
 
 
@@ -80,7 +89,7 @@ class SelfAttention:
         cache: KVCache,
         layer: int,
         slot: int,
-        start_pos: int,
+        start_pos: int | DevicePosition,
     ) -> torch.Tensor:
         cfg, n = self.cfg, x.shape[0]
         q, k, v = self.qkv(x)
@@ -145,7 +154,7 @@ class DecoderLayer:
         cache: KVCache,
         index: int,
         slot: int,
-        start_pos: int,
+        start_pos: int | DevicePosition,
     ) -> torch.Tensor:
         h = self.attn(self.attn_norm(x), rope_tables, cache, index, slot, start_pos)
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
@@ -161,12 +170,14 @@ class DecoderModel:
     def __init__(self, mf: ModelFile, cfg: ModelConfig, backend: str):
         self.config = cfg
         self.backend = backend
-        self.embedding = Embedding(mf, "token_embd.weight")
+        self.device = backends.device_of(backend)
+        self.embedding = Embedding(mf, "token_embd.weight", backend)
         self.output_norm = RMSNorm(mf, "output_norm.weight", cfg.rms_eps, backend)
         output_name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
         self.output = Linear(mf, output_name, backend)
         self.ropes: list[Rope] = []
         self.layers: list[DecoderLayer] = []
+        self._position_tables: dict[tuple[Rope, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @functools.cached_property
     def decoder(self) -> tuple[str, Any, Any]:
@@ -186,7 +197,7 @@ class DecoderModel:
         tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]],
         cache: KVCache,
         slot: int,
-        start_pos: int,
+        start_pos: int | DevicePosition,
     ) -> torch.Tensor:
         rope_tables = tables[self.layers[index].attn.rope]
         if x.shape[0] == 1:
@@ -195,19 +206,39 @@ class DecoderModel:
         return self.layers[index](x, rope_tables, cache, index, slot, start_pos)
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache, slot: int, start_pos: int, all_logits: bool = False
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        slot: int,
+        start_pos: int | DevicePosition,
+        all_logits: bool = False,
     ) -> torch.Tensor:
-        """Run tokens (1-D) at positions start_pos.. of `slot`; logits [T, vocab] or [1, vocab] (last)."""
+        """Run tokens (1-D) at positions start_pos.. of `slot`; logits [T, vocab] or [1, vocab] (last).
+
+        A DevicePosition (one token) keeps every position-dependent step on the device, so the call
+        can be captured in a CUDA graph."""
         x = self.embedding(tokens)
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
-        positions = torch.arange(start_pos, start_pos + tokens.shape[0])
-        tables = {rope: rope.tables(positions) for rope in self.ropes}
+        tables = {rope: self._rope_tables(rope, start_pos, tokens.shape[0], cache) for rope in self.ropes}
         for index in range(self.config.n_layers):
             x = self.block(index, x, tables, cache, slot, start_pos)
         if not all_logits:
             x = x[-1:]
         return self.output(self.output_norm(x))
+
+    def _rope_tables(
+        self, rope: Rope, start_pos: int | DevicePosition, n_tokens: int, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(start_pos, DevicePosition):
+            key = (rope, cache.context)
+            if key not in self._position_tables:  # every position of the cache, computed once
+                full = rope.tables(torch.arange(cache.context))
+                self._position_tables[key] = tuple(t.to(self.device) for t in full)
+            cos, sin = self._position_tables[key]
+            return cos[start_pos.index], sin[start_pos.index]
+        positions = torch.arange(start_pos, start_pos + n_tokens)
+        return tuple(t.to(self.device) for t in rope.tables(positions))
 
     def routes(self) -> dict[str, str]:
         """Which kernel ran each op (per linear block format), as `backend:kernel`, for reports."""

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry  # noqa: F401  (backends registers every kernel)
-from gufo.kernels.linear_reference import dequantize_tensor
+from gufo.kernels.linear_reference import dequantize_tensor, raw_rows
+from gufo.quant import dequantize
 from gufo.runtime.kv_cache import KVCache
 
 
@@ -66,13 +67,22 @@ class FusedLinear:
 
 
 class Embedding:
-    """Token embedding looked up from the quantized rows (only the requested rows are dequantized)."""
+    """Token embedding looked up from the quantized rows (only the requested rows are dequantized).
 
-    def __init__(self, model_file: ModelFile, name: str):
+    On a GPU the raw rows are uploaded once and the lookup dequantizes on the device.
+    """
+
+    def __init__(self, model_file: ModelFile, name: str, backend: str):
         self.info = model_file.tensor(name)
+        self.device = backends.device_of(backend)
+        self.raw = None
+        if self.device.type != "cpu":
+            self.raw = raw_rows(self.info).to(self.device)
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        return dequantize_tensor(self.info, rows=tokens)
+        if self.raw is None:
+            return dequantize_tensor(self.info, rows=tokens)
+        return dequantize(self.info.qtype, self.raw[tokens.to(self.device)], self.info.shape[-1])
 
 
 def vector(model_file: ModelFile, name: str) -> torch.Tensor:
@@ -84,7 +94,7 @@ class RMSNorm:
     """x / rms(x) * weight over the last dimension, by the backend's kernel."""
 
     def __init__(self, model_file: ModelFile, name: str, eps: float, backend: str):
-        self.weight = vector(model_file, name).contiguous()
+        self.weight = vector(model_file, name).contiguous().to(backends.device_of(backend))
         self.eps = eps
         self.route, self.kernel = registry.lookup(backend, "rms_norm")
 
@@ -126,6 +136,16 @@ class Rope:
         return torch.cat((rot * cos + self.rotated(rot) * sin, rest), -1)
 
 
+@dataclass(frozen=True)
+class DevicePosition:
+    """A one-token decode position held on the device, so a captured CUDA graph can replay at any
+    position: `index` ([1], int64) is read by the kernels, `span` (host int > index) bounds the cache
+    prefix attention reads; one graph serves every position below its span."""
+
+    index: torch.Tensor
+    span: int
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -133,7 +153,7 @@ def attention(
     cache: KVCache,
     layer: int,
     slot: int,
-    start_pos: int,
+    start_pos: int | DevicePosition,
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
@@ -141,6 +161,8 @@ def attention(
 
     q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H * D].
     """
+    if isinstance(start_pos, DevicePosition):
+        return _attention_at(q, k, v, cache, layer, slot, start_pos, scale, window)
     n_tokens = q.shape[0]
     keys, values = cache.append(layer, slot, start_pos, k, v)
     end = start_pos + n_tokens
@@ -153,8 +175,8 @@ def attention(
         grouped = q.reshape(n_kv, -1, q.shape[-1])
         probs = torch.softmax(torch.matmul(grouped, keys.transpose(1, 2)) * scale, dim=-1)
         return torch.matmul(probs, values).reshape(1, -1)
-    q_pos = torch.arange(start_pos, end)[:, None]
-    k_pos = torch.arange(first, end)[None, :]
+    q_pos = torch.arange(start_pos, end, device=q.device)[:, None]
+    k_pos = torch.arange(first, end, device=q.device)[None, :]
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= k_pos > q_pos - window
@@ -167,6 +189,33 @@ def attention(
         enable_gqa=True,
     )
     return out[0].transpose(0, 1).reshape(n_tokens, -1)
+
+
+def _attention_at(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    slot: int,
+    position: DevicePosition,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """One-token attention without host-side positions: the KV write and the causal/window mask read
+    `position.index` on the device, over the first `position.span` cache entries."""
+    keys, values = cache.keys[layer][slot], cache.values[layer][slot]
+    keys.index_copy_(1, position.index, k.transpose(0, 1).to(keys.dtype))
+    values.index_copy_(1, position.index, v.transpose(0, 1).to(values.dtype))
+    keys, values = keys[:, : position.span], values[:, : position.span]
+    seen = torch.arange(position.span, device=q.device)
+    hidden = seen > position.index
+    if window is not None:
+        hidden |= seen <= position.index - window
+    grouped = q.reshape(keys.shape[0], -1, q.shape[-1])
+    scores = torch.matmul(grouped, keys.transpose(1, 2)) * scale
+    probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+    return torch.matmul(probs, values).reshape(1, -1)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:

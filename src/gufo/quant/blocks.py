@@ -18,6 +18,7 @@ device.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,26 +86,28 @@ def _f16(b: torch.Tensor, offset: int) -> torch.Tensor:
     return b.view(torch.int16)[..., offset // 2].view(torch.float16).to(torch.float32)
 
 
-def _shifts(values: list[int], device: torch.device) -> torch.Tensor:
+@functools.cache
+def _shifts(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Bit shifts as a device tensor, made once per device (CUDA graph capture forbids host copies)."""
     return torch.tensor(values, dtype=torch.uint8, device=device)
 
 
 def _nibbles(qs: torch.Tensor, span: int) -> torch.Tensor:
     """[..., n*span] uint8 -> [..., n, 2, span]: low nibbles of each span, then high nibbles."""
     x = qs.reshape(*qs.shape[:-1], -1, 1, span)
-    return (x >> _shifts([0, 4], qs.device).view(2, 1)) & 0x0F
+    return (x >> _shifts((0, 4), qs.device).view(2, 1)) & 0x0F
 
 
 def _crumbs(qs: torch.Tensor, span: int) -> torch.Tensor:
     """[..., n*span] uint8 -> [..., n, 4, span]: 2-bit fields at bits 0, 2, 4, 6 of each span."""
     x = qs.reshape(*qs.shape[:-1], -1, 1, span)
-    return (x >> _shifts([0, 2, 4, 6], qs.device).view(4, 1)) & 0x03
+    return (x >> _shifts((0, 2, 4, 6), qs.device).view(4, 1)) & 0x03
 
 
 def _bits(qh: torch.Tensor, span: int) -> torch.Tensor:
     """[..., n*span] uint8 -> [..., n, 8, span]: bit 0..7 of each byte of each span."""
     x = qh.reshape(*qh.shape[:-1], -1, 1, span)
-    return (x >> torch.arange(8, dtype=torch.uint8, device=qh.device).view(8, 1)) & 0x01
+    return (x >> _shifts(tuple(range(8)), qh.device).view(8, 1)) & 0x01
 
 
 def _blocks(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int) -> UnpackedBlocks:

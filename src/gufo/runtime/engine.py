@@ -56,6 +56,7 @@ class Engine:
         n_slots: int = 1,
         batch_size: int = DEFAULT_BATCH,
         threads: int | None = None,
+        graphs: bool = True,
     ):
         self.path = resolve_model(str(model) if model is not None else None)
         self.file = open_model_file(self.path)
@@ -74,7 +75,21 @@ class Engine:
         if batch_size <= 0:
             raise BadInputError(f"--batch-size must be positive, got {batch_size}")
         self.batch_size = batch_size
-        self.cache = KVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, self.context, cfg.key_dim, cfg.value_dim)
+        self.cache = KVCache(
+            cfg.n_layers,
+            n_slots,
+            cfg.n_kv_heads,
+            self.context,
+            cfg.key_dim,
+            cfg.value_dim,
+            device=backends.device_of(self.backend),
+        )
+        # GPU decode steps replay captured graphs unless `graphs` is off (eager op-by-op, for debugging)
+        self.graph_decoder = None
+        if graphs and self.backend == "cuda":
+            from gufo.runtime.cuda_graph import GraphDecoder
+
+            self.graph_decoder = GraphDecoder(self.model, self.cache, backends.device_of(self.backend))
 
     @property
     def config(self):
@@ -105,12 +120,18 @@ class Engine:
             logits = self.model.forward(chunk, self.cache, slot, start + begin, all_logits=all_logits)
             if all_logits or is_last:
                 outputs.append(logits)
-        return torch.cat(outputs) if all_logits else outputs[-1][-1]
+        return (torch.cat(outputs) if all_logits else outputs[-1][-1]).cpu()
 
     @torch.inference_mode()
     def decode(self, token: int, position: int, slot: int = 0) -> torch.Tensor:
         self.check_fits(position + 1)
-        return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1]
+        if self.graph_decoder is not None:
+            return self.graph_decoder.decode(token, position, slot).cpu()
+        return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1].cpu()
+
+    @property
+    def graph_capture_seconds(self) -> float:
+        return self.graph_decoder.capture_seconds if self.graph_decoder is not None else 0.0
 
     @torch.inference_mode()
     def decode_batch(

@@ -32,7 +32,6 @@ from gufo.errors import BadInputError, GufoError
 from gufo.runtime.engine import Engine
 from gufo.server.metrics import Metrics
 from gufo.server.scheduler import (
-    DEFAULT_PREFILL_CHUNK,
     FinishEvent,
     Job,
     QueueFullError,
@@ -40,6 +39,7 @@ from gufo.server.scheduler import (
     TokenEvent,
 )
 from gufo.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, error_body
+from gufo.server.settings import ServerSettings
 from gufo.server.text import TextStream
 from gufo.tokenizer import Tokenizer
 
@@ -47,17 +47,6 @@ log = logging.getLogger(__name__)
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
-
-
-@dataclass
-class ServerSettings:
-    model_id: str
-    max_tokens: int = 512  # default and upper limit of a request's max_tokens
-    max_pending: int = 16
-    max_request_bytes: int = 1 << 20
-    request_timeout: float | None = None
-    api_key: str | None = None
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
 
 
 class ApiError(Exception):

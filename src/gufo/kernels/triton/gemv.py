@@ -38,25 +38,25 @@ No CUDA-only intrinsics or inline asm: the same source compiles for NVIDIA and A
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from gufo.gguf.model_file import TensorInfo
+from gufo.kernels.linear_reference import raw_rows
 from gufo.kernels.registry import register
-from gufo.quant import block_shape
+from gufo.quant import block_shape, dequantize
 
 Q = GGMLQuantizationType
 
 DOT_MIN_ROWS = 4  # from here on half-precision activations go through tl.dot (tensor cores)
 MAX_BLOCK_M = 16
 MAX_SPLITS = 16
+PREFILL_DTYPE = torch.bfloat16  # operands of the prefill product (M > MAX_BLOCK_M)
 PIECE = 128  # columns of every dequantized tile a kernel hands to _accumulate
 # Bound on BLOCK_M * BLOCK_N * PIECE of the broadcast product, and BLOCK_N of the tl.dot path: sizes
 # that compiled without register spills for sm_90 (and, the broadcast product, gfx1151) with Triton 3.6
@@ -394,6 +394,16 @@ def split_fields(qtype: GGMLQuantizationType, raw: torch.Tensor) -> tuple[torch.
     return tuple(blocks[..., f.start : f.end].reshape(rows, -1).contiguous().view(f.dtype) for f in fields)
 
 
+def join_fields(qtype: GGMLQuantizationType, planes: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Inverse of split_fields: the GGUF rows, each block's fields put back at their byte ranges."""
+    rows, fields = planes[0].shape[0], FORMATS[qtype].fields
+    pieces = [
+        p.view(torch.uint8).reshape(rows, -1, f.end - f.start) for p, f in zip(planes, fields, strict=True)
+    ]
+    order = sorted(range(len(fields)), key=lambda i: fields[i].start)
+    return torch.cat([pieces[i] for i in order], dim=-1).reshape(rows, -1)
+
+
 @dataclass(frozen=True)
 class TritonWeight:
     qtype: GGMLQuantizationType
@@ -463,15 +473,17 @@ class TritonLinear:
     @staticmethod
     def prepare(info: TensorInfo, device: torch.device | None = None) -> TritonWeight:
         """Upload the raw GGUF rows once, then split them into field planes on the device."""
-        with warnings.catch_warnings():  # read-only memmaps: nothing writes into the file's bytes
-            warnings.simplefilter("ignore", UserWarning)
-            raw = torch.as_tensor(np.asarray(info.data)).reshape(-1, info.data.shape[-1])
-        raw = raw.to(device or _default_device())
+        raw = raw_rows(info).to(device or _default_device())
         return TritonWeight(info.qtype, (raw.shape[0], info.shape[-1]), split_fields(info.qtype, raw))
 
     @staticmethod
     def apply(x: torch.Tensor, weight: TritonWeight) -> torch.Tensor:
-        return gemv(x, weight)
+        if x.numel() // weight.shape[1] <= MAX_BLOCK_M:
+            return gemv(x, weight)
+        # Prefill: dequantize the matrix on the device, then one bf16 product on the tensor cores with
+        # float32 accumulation. A fused-dequant GEMM is the next step for speed.
+        dense = dequantize(weight.qtype, join_fields(weight.qtype, weight.planes), weight.shape[1])
+        return (x.to(PREFILL_DTYPE) @ dense.to(PREFILL_DTYPE).T).to(x.dtype)
 
 
 for _qtype in FORMATS:

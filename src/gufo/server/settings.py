@@ -1,0 +1,18 @@
+"""Server settings, kept apart from the ASGI stack so the CLI can show defaults without importing it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
+
+
+@dataclass
+class ServerSettings:
+    model_id: str
+    max_tokens: int = 512  # default and upper limit of a request's max_tokens
+    max_pending: int = 16
+    max_request_bytes: int = 1 << 20
+    request_timeout: float | None = None
+    api_key: str | None = None
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
