@@ -55,13 +55,13 @@ Q = GGMLQuantizationType
 
 DOT_MIN_ROWS = 4  # from here on half-precision activations go through tl.dot (tensor cores)
 MAX_BLOCK_M = 16
+VECTOR_BLOCK_M = (
+    4  # activation rows per program of the vector kernels (unrolled: each adds one FMA per weight)
+)
 MAX_SPLITS = 16
 PREFILL_DTYPE = torch.bfloat16  # operands of the prefill product (M > MAX_BLOCK_M)
-PIECE = 128  # columns of every dequantized tile a kernel hands to _accumulate
-# Bound on BLOCK_M * BLOCK_N * PIECE of the broadcast product, and BLOCK_N of the tl.dot path: sizes
-# that compiled without register spills for sm_90 (and, the broadcast product, gfx1151) with Triton 3.6
-# and 4 warps, checked offline with `gufo kernels report` on the Triton cache.
-FMA_TILE_ELEMENTS = 4096
+# BLOCK_N of the tl.dot path: compiled without register spills for sm_90 with Triton 3.6 and 4 warps,
+# checked offline with `gufo kernels report` on the Triton cache.
 DOT_BLOCK_N = 32
 NUM_WARPS = 4
 
@@ -81,7 +81,7 @@ def _program(M, N, n_steps, steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 
 @triton.jit
-def _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w, USE_DOT: tl.constexpr):
+def _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w):
     """acc [BLOCK_M, BLOCK_N] += x[m, k] @ w^T, with w a dequantized tile whose columns are inputs k.
 
     w may be 3-D [BLOCK_N, a, b] (blocks x elements); its row-major flattening matches k.
@@ -90,11 +90,7 @@ def _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w, USE_DOT: tl.constexpr):
     x = tl.load(
         x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m < M)[:, None] & (k < K)[None, :], other=0.0
     )
-    if USE_DOT:
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-    else:
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
-    return acc
+    return tl.dot(x, tl.trans(w.to(x.dtype)), acc)
 
 
 @triton.jit
@@ -117,13 +113,14 @@ def _kquant_scale_min(ptr, s):
 
 
 # --------------------------------------------------------------------------------------------------
-# 32-element block formats: STEP // 32 blocks per step, tiles [BLOCK_N, blocks, elements]
+# tensor-core kernels (half-precision activations, DOT_MIN_ROWS..16 rows): 32-element block formats,
+# STEP // 32 blocks per step, tiles [BLOCK_N, blocks, elements]
 
 
 @triton.jit
-def gemv_q4_0(
+def gemv_q4_0_dot(
     x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     BLOCKS: tl.constexpr = STEP // 32
@@ -141,16 +138,16 @@ def gemv_q4_0(
         d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
         k = step * STEP + k_low
         low = ((qs & 15).to(tl.int32) - 8).to(tl.float32) * d
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low, USE_DOT)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low)
         high = ((qs >> 4).to(tl.int32) - 8).to(tl.float32) * d
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high, USE_DOT)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high)
     _store(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
-def gemv_q4_1(
+def gemv_q4_1_dot(
     x_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     BLOCKS: tl.constexpr = STEP // 32
@@ -169,16 +166,16 @@ def gemv_q4_1(
         offset = tl.load(min_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
         k = step * STEP + k_low
         low = (qs & 15).to(tl.float32) * d + offset
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low, USE_DOT)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low)
         high = (qs >> 4).to(tl.float32) * d + offset
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high, USE_DOT)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high)
     _store(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
-def gemv_q5_0(
+def gemv_q5_0_dot(
     x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     BLOCKS: tl.constexpr = STEP // 32
@@ -197,16 +194,16 @@ def gemv_q5_0(
         d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
         k = step * STEP + k_low
         low = (((qs & 15) | (((qh >> i) & 1) << 4)) - 16).to(tl.float32) * d
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low, USE_DOT)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low)
         high = (((qs >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16).to(tl.float32) * d
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high, USE_DOT)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high)
     _store(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
-def gemv_q8_0(
+def gemv_q8_0_dot(
     x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     BLOCKS: tl.constexpr = STEP // 32
@@ -221,7 +218,7 @@ def gemv_q8_0(
         qs = tl.load(qs_ptr + row * K + blk * 32 + i, mask=ok, other=0)
         d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
         k = step * STEP + tl.arange(0, STEP)
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, qs.to(tl.float32) * d, USE_DOT)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, qs.to(tl.float32) * d)
     _store(out_ptr, acc, m, n, M, N, split)
 
 
@@ -230,9 +227,9 @@ def gemv_q8_0(
 
 
 @triton.jit
-def gemv_q4_k(
+def gemv_q4_k_dot(
     x_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     # element 64c + 32h + l = (qs[32c + l] >> 4h) & 15, sub-block 2c + h
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
@@ -252,15 +249,15 @@ def gemv_q4_k(
             sc, mn = _kquant_scale_min(scales, 2 * c + h)
             w = ((qs >> (4 * h)) & 15).to(tl.float32) * (d * sc)[:, :, None] - (dmin * mn)[:, :, None]
             k = sb * 256 + k_low + 32 * h
-            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w, USE_DOT)
+            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w)
     _store(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
-def gemv_q5_k(
+def gemv_q5_k_dot(
     x_ptr, d_ptr, dmin_ptr, scales_ptr, qh_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps,
     steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     # as Q4_K, plus the 5th bit of element 32s + l = bit s of qh[l]
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
@@ -285,14 +282,14 @@ def gemv_q5_k(
             q = ((qs >> (4 * h)) & 15) | (((qh >> s[:, :, None]) & 1) << 4)
             w = q.to(tl.float32) * (d * sc)[:, :, None] - (dmin * mn)[:, :, None]
             k = sb * 256 + k_low + 32 * h
-            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w, USE_DOT)
+            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w)
     _store(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
-def gemv_q6_k(
+def gemv_q6_k_dot(
     x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     # element 128a + 64h + 16g + i (r = 4a + g indexes the 16-byte runs of ql):
     # low 4 bits = (ql[16r + i] >> 4h) & 15, high 2 bits = (qh[32a + 16(g % 2) + i] >> 2(2h + g // 2)) & 3,
@@ -320,18 +317,18 @@ def gemv_q6_k(
             q = (((ql >> (4 * h)) & 15) | (high << 4)).to(tl.int32) - 32
             w = q.to(tl.float32) * (d * sc)[:, :, None]
             k = sb * 256 + k_low + 64 * h
-            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w, USE_DOT)
+            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w)
     _store(out_ptr, acc, m, n, M, N, split)
 
 
 # --------------------------------------------------------------------------------------------------
-# F32 / F16 / BF16 weights
+# F32 / F16 / BF16 weights (tensor-core path)
 
 
 @triton.jit
-def gemv_float(
+def gemv_float_dot(
     x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     row = n.to(tl.int64)[:, None]
@@ -339,7 +336,281 @@ def gemv_float(
     for step in range(first, last):
         k = step * STEP + tl.arange(0, STEP)
         w = tl.load(w_ptr + row * K + k[None, :], mask=(n < N)[:, None] & (k < K)[None, :], other=0.0)
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w.to(tl.float32), USE_DOT)
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w.to(tl.float32))
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+# --------------------------------------------------------------------------------------------------
+# vector kernels (M < DOT_MIN_ROWS, or float32 activations): the decode path, bound by weight bandwidth.
+# A program owns a few output rows and walks K in wide steps (STEP input columns), so each thread has
+# several 16-byte loads in flight and the grid has enough programs to cover the memory latency without
+# split-K. Each step reads a [BLOCK_N, groups, bytes] tile, one group per scale: products are summed
+# per group in the quant's integer-valued floats and scaled once per group (offsets, e.g. Q4_K's
+# minimums, go through the group's activation sum), instead of scaling every element.
+
+
+@triton.jit
+def _f32(q, bias: tl.constexpr):
+    """Integer q in [0, 2^23) -> float32 q - bias, exact: 0x4B000000 | q is the float 2^23 + q, an OR
+    and a subtraction instead of an integer-to-float conversion (a quarter-rate instruction on NVIDIA)."""
+    return (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + bias)
+
+
+@triton.jit
+def _vector_program(N, n_steps, steps_per_split, BLOCK_N: tl.constexpr):
+    """Output rows n, their weight rows (rows past N read row 0: in bounds, never stored), the first
+    activation row of this program, the split index and its K-step range [first, last)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = tl.where(n < N, n, 0).to(tl.int64)
+    split = tl.program_id(1)
+    first = split * steps_per_split
+    return n, row, split, first, tl.minimum(first + steps_per_split, n_steps)
+
+
+@triton.jit
+def _x(x_ptr, stride_xm, m, M, k, K):
+    """Activations x[m, k] as float32 (0 past M or K, which zeroes the products of clamped blocks)."""
+    return tl.load(x_ptr + m * stride_xm + k, mask=(k < K) & (m < M), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _group_dot(w, x):
+    """Per-group dot products [BLOCK_N, groups] of the tile w [BLOCK_N, groups, e] with x [groups, e]."""
+    return tl.sum(w * x[None, :, :], axis=2)
+
+
+@triton.jit
+def _add_row(acc, i, part):
+    """acc[i, :] += sum of part [BLOCK_N, groups] over its groups."""
+    rows = tl.arange(0, acc.shape[0])[:, None]
+    return tl.where(rows == i, acc + tl.sum(part, axis=1)[None, :], acc)
+
+
+@triton.jit
+def gemv_q4_0(
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    # byte i of a block: element i (low nibble), i + 16 (high)
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_blocks = K // 32
+    i = tl.arange(0, 16)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        blk = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        at = tl.minimum(blk, n_blocks - 1)[None, :]  # the tail's clamped blocks meet x = 0
+        qs = tl.load(qs_ptr + row[:, None, None] * (n_blocks * 16) + at[:, :, None] * 16 + i[None])
+        d = tl.load(d_ptr + row[:, None] * n_blocks + at).to(tl.float32)
+        k = blk[:, None] * 32 + i
+        low = _f32(qs & 15, 8.0)
+        high = _f32(qs >> 4, 8.0)
+        for r in tl.static_range(BLOCK_M):
+            mr = tl.program_id(2) * BLOCK_M + r
+            dot = _group_dot(low, _x(x_ptr, stride_xm, mr, M, k, K))
+            dot += _group_dot(high, _x(x_ptr, stride_xm, mr, M, k + 16, K))
+            acc = _add_row(acc, r, d * dot)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q4_1(
+    x_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_blocks = K // 32
+    i = tl.arange(0, 16)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        blk = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        at = tl.minimum(blk, n_blocks - 1)[None, :]
+        qs = tl.load(qs_ptr + row[:, None, None] * (n_blocks * 16) + at[:, :, None] * 16 + i[None])
+        d = tl.load(d_ptr + row[:, None] * n_blocks + at).to(tl.float32)
+        offset = tl.load(min_ptr + row[:, None] * n_blocks + at).to(tl.float32)
+        k = blk[:, None] * 32 + i
+        low = _f32(qs & 15, 0.0)
+        high = _f32(qs >> 4, 0.0)
+        for r in tl.static_range(BLOCK_M):
+            mr = tl.program_id(2) * BLOCK_M + r
+            x_low = _x(x_ptr, stride_xm, mr, M, k, K)
+            x_high = _x(x_ptr, stride_xm, mr, M, k + 16, K)
+            dot = _group_dot(low, x_low) + _group_dot(high, x_high)
+            x_sum = tl.sum(x_low + x_high, axis=1)[None, :]
+            acc = _add_row(acc, r, d * dot + offset * x_sum)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q5_0(
+    x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_blocks = K // 32
+    i = tl.arange(0, 16)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        blk = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        at = tl.minimum(blk, n_blocks - 1)[None, :]
+        qs = tl.load(qs_ptr + row[:, None, None] * (n_blocks * 16) + at[:, :, None] * 16 + i[None])
+        qh = tl.load(qh_ptr + row[:, None] * n_blocks + at)[:, :, None]  # bit e: 5th bit of element e
+        d = tl.load(d_ptr + row[:, None] * n_blocks + at).to(tl.float32)
+        k = blk[:, None] * 32 + i
+        low = _f32((qs & 15) | (((qh >> i[None]) & 1) << 4), 16.0)
+        high = _f32((qs >> 4) | (((qh >> (i[None] + 16)) & 1) << 4), 16.0)
+        for r in tl.static_range(BLOCK_M):
+            mr = tl.program_id(2) * BLOCK_M + r
+            dot = _group_dot(low, _x(x_ptr, stride_xm, mr, M, k, K))
+            dot += _group_dot(high, _x(x_ptr, stride_xm, mr, M, k + 16, K))
+            acc = _add_row(acc, r, d * dot)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q8_0(
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_blocks = K // 32
+    i = tl.arange(0, 32)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        blk = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        at = tl.minimum(blk, n_blocks - 1)[None, :]
+        qs = tl.load(qs_ptr + row[:, None, None] * K + at[:, :, None] * 32 + i[None])
+        d = tl.load(d_ptr + row[:, None] * n_blocks + at).to(tl.float32)
+        q = _f32(qs.to(tl.int32) + 128, 128.0)
+        k = blk[:, None] * 32 + i
+        for r in tl.static_range(BLOCK_M):
+            mr = tl.program_id(2) * BLOCK_M + r
+            acc = _add_row(acc, r, d * _group_dot(q, _x(x_ptr, stride_xm, mr, M, k, K)))
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q4_k(
+    x_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    # groups g = 4 * super-block + c of 32 qs bytes: byte l holds elements 64g + l (low nibble,
+    # sub-block 2c) and 64g + 32 + l (high, sub-block 2c + 1)
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_super = K // 256
+    l = tl.arange(0, 32)[None, :]  # noqa: E741
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 64) + tl.arange(0, STEP // 64)
+        sb = tl.minimum(g // 4, n_super - 1)[None, :]
+        c = (g % 4)[None, :]
+        qs = tl.load(
+            qs_ptr + row[:, None, None] * (n_super * 128) + (sb * 128 + c * 32)[:, :, None] + l[None]
+        )
+        d = tl.load(d_ptr + row[:, None] * n_super + sb).to(tl.float32)
+        dmin = tl.load(dmin_ptr + row[:, None] * n_super + sb).to(tl.float32)
+        scales = scales_ptr + row[:, None] * (n_super * 12) + sb * 12
+        k = g[:, None] * 64 + l
+        for h in tl.static_range(2):
+            sc, mn = _kquant_scale_min(scales, 2 * c + h)
+            q = _f32((qs >> (4 * h)) & 15, 0.0)
+            for r in tl.static_range(BLOCK_M):
+                x = _x(x_ptr, stride_xm, tl.program_id(2) * BLOCK_M + r, M, k + 32 * h, K)
+                part = d * sc * _group_dot(q, x) - dmin * mn * tl.sum(x, axis=1)[None, :]
+                acc = _add_row(acc, r, part)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q5_k(
+    x_ptr, d_ptr, dmin_ptr, scales_ptr, qh_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    # as Q4_K, plus the 5th bit of element 32s + l = bit s of qh[l]
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_super = K // 256
+    l = tl.arange(0, 32)[None, :]  # noqa: E741
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 64) + tl.arange(0, STEP // 64)
+        sb = tl.minimum(g // 4, n_super - 1)[None, :]
+        c = (g % 4)[None, :]
+        qs = tl.load(
+            qs_ptr + row[:, None, None] * (n_super * 128) + (sb * 128 + c * 32)[:, :, None] + l[None]
+        )
+        qh = tl.load(qh_ptr + row[:, None, None] * (n_super * 32) + (sb * 32)[:, :, None] + l[None])
+        d = tl.load(d_ptr + row[:, None] * n_super + sb).to(tl.float32)
+        dmin = tl.load(dmin_ptr + row[:, None] * n_super + sb).to(tl.float32)
+        scales = scales_ptr + row[:, None] * (n_super * 12) + sb * 12
+        k = g[:, None] * 64 + l
+        for h in tl.static_range(2):
+            s = 2 * c + h
+            sc, mn = _kquant_scale_min(scales, s)
+            q = _f32(((qs >> (4 * h)) & 15) | (((qh >> s[:, :, None]) & 1) << 4), 0.0)
+            for r in tl.static_range(BLOCK_M):
+                x = _x(x_ptr, stride_xm, tl.program_id(2) * BLOCK_M + r, M, k + 32 * h, K)
+                part = d * sc * _group_dot(q, x) - dmin * mn * tl.sum(x, axis=1)[None, :]
+                acc = _add_row(acc, r, part)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q6_k(
+    x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    # groups = the 16-byte runs r = 4a + g of ql (8 per super-block); element 128a + 64h + 16g + i:
+    # low 4 bits = (ql[16r + i] >> 4h) & 15, high 2 bits = (qh[32a + 16(g % 2) + i] >> 2(2h + g // 2)) & 3,
+    # scale = scales[8a + 4h + g]
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_super = K // 256
+    i = tl.arange(0, 16)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        run = step * (STEP // 32) + tl.arange(0, STEP // 32)  # global run index, 8 per super-block
+        sb = tl.minimum(run // 8, n_super - 1)[None, :]
+        a = (run // 4 % 2)[None, :]
+        g = (run % 4)[None, :]
+        ql = tl.load(
+            ql_ptr + row[:, None, None] * (n_super * 128) + (sb * 128 + (run % 8) * 16)[:, :, None] + i[None]
+        )
+        qh_at = sb * 64 + a * 32 + (g % 2) * 16
+        qh = tl.load(qh_ptr + row[:, None, None] * (n_super * 64) + qh_at[:, :, None] + i[None])
+        d = tl.load(d_ptr + row[:, None] * n_super + sb).to(tl.float32)
+        scales = scales_ptr + row[:, None] * (n_super * 16) + sb * 16 + 8 * a + g
+        k = (run // 4 * 128 + run % 4 * 16)[:, None] + i
+        for h in tl.static_range(2):
+            sc = tl.load(scales + 4 * h).to(tl.float32)
+            high = (qh >> (2 * (2 * h + g // 2))[:, :, None]) & 3
+            q = _f32(((ql >> (4 * h)) & 15) | (high << 4), 32.0)
+            for r in tl.static_range(BLOCK_M):
+                x = _x(x_ptr, stride_xm, tl.program_id(2) * BLOCK_M + r, M, k + 64 * h, K)
+                acc = _add_row(acc, r, d * sc * _group_dot(q, x))
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_float(
+    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        k = step * STEP + tl.arange(0, STEP)[None, :]
+        w = tl.load(w_ptr + row[:, None, None] * K + tl.minimum(k, K - 1)[None]).to(tl.float32)
+        for r in tl.static_range(BLOCK_M):
+            acc = _add_row(
+                acc, r, _group_dot(w, _x(x_ptr, stride_xm, tl.program_id(2) * BLOCK_M + r, M, k, K))
+            )
     _store(out_ptr, acc, m, n, M, N, split)
 
 
@@ -356,32 +627,35 @@ class Field:
 
 @dataclass(frozen=True)
 class Format:
-    kernel: Any  # the triton.jit function
-    fields: tuple[Field, ...]  # in the kernel's argument order
-    step: int  # input columns per loop step (the kernel's STEP)
+    kernel: Any  # the vector kernel (triton.jit function)
+    dot_kernel: Any  # the tensor-core kernel
+    fields: tuple[Field, ...]  # in the kernels' argument order
+    step: int  # input columns per loop step of the tensor-core kernel (its STEP)
+    block: int  # input columns per scale group: the vector kernel's STEP is a multiple
 
 
 U8, I8, F16 = torch.uint8, torch.int8, torch.float16
+_K4 = (Field(0, 2, F16), Field(2, 4, F16), Field(4, 16, U8))  # Q4_K/Q5_K d, dmin, packed scales
 
 FORMATS: dict[GGMLQuantizationType, Format] = {
-    Q.Q4_0: Format(gemv_q4_0, (Field(2, 18, U8), Field(0, 2, F16)), 256),
-    Q.Q4_1: Format(gemv_q4_1, (Field(4, 20, U8), Field(0, 2, F16), Field(2, 4, F16)), 256),
-    Q.Q5_0: Format(gemv_q5_0, (Field(6, 22, U8), Field(2, 6, torch.int32), Field(0, 2, F16)), 256),
-    Q.Q8_0: Format(gemv_q8_0, (Field(2, 34, I8), Field(0, 2, F16)), 128),
-    Q.Q4_K: Format(
-        gemv_q4_k, (Field(0, 2, F16), Field(2, 4, F16), Field(4, 16, U8), Field(16, 144, U8)), 256
+    Q.Q4_0: Format(gemv_q4_0, gemv_q4_0_dot, (Field(2, 18, U8), Field(0, 2, F16)), 256, 32),
+    Q.Q4_1: Format(gemv_q4_1, gemv_q4_1_dot, (Field(4, 20, U8), Field(0, 2, F16), Field(2, 4, F16)), 256, 32),
+    Q.Q5_0: Format(
+        gemv_q5_0, gemv_q5_0_dot, (Field(6, 22, U8), Field(2, 6, torch.int32), Field(0, 2, F16)), 256, 32
     ),
-    Q.Q5_K: Format(
-        gemv_q5_k,
-        (Field(0, 2, F16), Field(2, 4, F16), Field(4, 16, U8), Field(16, 48, U8), Field(48, 176, U8)),
-        256,
-    ),
+    Q.Q8_0: Format(gemv_q8_0, gemv_q8_0_dot, (Field(2, 34, I8), Field(0, 2, F16)), 128, 32),
+    Q.Q4_K: Format(gemv_q4_k, gemv_q4_k_dot, (*_K4, Field(16, 144, U8)), 256, 64),
+    Q.Q5_K: Format(gemv_q5_k, gemv_q5_k_dot, (*_K4, Field(16, 48, U8), Field(48, 176, U8)), 256, 64),
     Q.Q6_K: Format(
-        gemv_q6_k, (Field(0, 128, U8), Field(128, 192, U8), Field(192, 208, I8), Field(208, 210, F16)), 256
+        gemv_q6_k,
+        gemv_q6_k_dot,
+        (Field(0, 128, U8), Field(128, 192, U8), Field(192, 208, I8), Field(208, 210, F16)),
+        256,
+        32,
     ),
-    Q.F32: Format(gemv_float, (Field(0, 4, torch.float32),), 128),
-    Q.F16: Format(gemv_float, (Field(0, 2, F16),), 128),
-    Q.BF16: Format(gemv_float, (Field(0, 2, torch.bfloat16),), 128),
+    Q.F32: Format(gemv_float, gemv_float_dot, (Field(0, 4, torch.float32),), 128, 1),
+    Q.F16: Format(gemv_float, gemv_float_dot, (Field(0, 2, F16),), 128, 1),
+    Q.BF16: Format(gemv_float, gemv_float_dot, (Field(0, 2, torch.bfloat16),), 128, 1),
 }
 
 
@@ -430,6 +704,19 @@ def _splits(device: torch.device, tiles: int, n_steps: int) -> int:
     return max(1, min(n_steps, MAX_SPLITS, 2 * _multiprocessors(device) // tiles))
 
 
+@dataclass(frozen=True)
+class VectorConfig:
+    block_n: int  # output rows per program
+    step: int  # input columns per loop step
+    num_warps: int
+
+
+def vector_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
+    """Launch shape of the vector kernel for an [n, k] weight: 4 rows x 2048 columns per step was the
+    fastest of 8 shapes tried for Q4_K/Q6_K/Q8_0 at M = 1 on the H200 (benchmarks/gemv_bandwidth.py)."""
+    return VectorConfig(4, max(FORMATS[qtype].block, min(2048, triton.next_power_of_2(k))), 4)
+
+
 def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> torch.Tensor:
     """x [..., K] (float32/float16/bfloat16, on the weight's device) -> x @ W^T [..., N] in x's dtype.
 
@@ -442,24 +729,24 @@ def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> to
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the FMA path
-    use_dot = x.dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None
-    if use_dot:
-        block_m, block_n = MAX_BLOCK_M, DOT_BLOCK_N
+    # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
+    if x.dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None:
+        kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
     else:
-        block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(m, 1)))
-        block_n = max(1, FMA_TILE_ELEMENTS // (block_m * PIECE))
+        config = vector_config(weight.qtype, n, k)
+        kernel, block_n, step, warps = fmt.kernel, config.block_n, config.step, config.num_warps
+        block_m = min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
-    n_steps = triton.cdiv(k, fmt.step)
+    n_steps = triton.cdiv(k, step)
     if splits is None:
         splits = _splits(x.device, grid_n * grid_m, n_steps)
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
     out = torch.empty(splits, m, n, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
     if m:
-        fmt.kernel[(grid_n, splits, grid_m)](
+        kernel[(grid_n, splits, grid_m)](
             x2, *weight.planes, out, m, n, k, x2.stride(0), n_steps, per_split,
-            BLOCK_M=block_m, BLOCK_N=block_n, STEP=fmt.step, USE_DOT=use_dot, num_warps=NUM_WARPS,
+            BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, num_warps=warps,
         )  # fmt: skip
     y = out[0] if splits == 1 else out.sum(0).to(x.dtype)
     return y.reshape(*lead, n)

@@ -1,0 +1,202 @@
+"""Effective bandwidth of the Triton skinny products (bytes of the packed weight over kernel time).
+
+Times `TritonLinear.apply` on random valid weights of Qwen3-8B shapes for each format and M, plus
+torch's bf16 matmul of the same shape, inside CUDA graphs (as decode runs them) cycling through
+enough weight copies that the L2 holds none of them. Prints a markdown table and, with --json, writes
+the rows. Needs a GPU:
+
+    python benchmarks/gemv_bandwidth.py --formats Q4_K Q6_K Q8_0 --m 1 16
+    python benchmarks/gemv_bandwidth.py --module old_gemv.py  # another version of gemv.py, same API
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+import triton
+from gguf import GGMLQuantizationType
+
+from gufo.quant import block_shape
+
+Q = GGMLQuantizationType
+SHAPES = {  # (N, K) of Qwen3-8B's matrices
+    "qkv": (4096 + 1024 + 1024, 4096),
+    "attn_out": (4096, 4096),
+    "gate_up": (2 * 12288, 4096),
+    "down": (4096, 12288),
+    "output": (151936, 4096),
+}
+HALF_OFFSETS = {
+    Q.Q4_0: (0,),
+    Q.Q4_1: (0, 2),
+    Q.Q5_0: (0,),
+    Q.Q8_0: (0,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+}
+FLOAT_DTYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+L2_BYTES = 60 * 2**20  # H200: 50 MiB; weights cycled through several times this
+
+
+def load_module(path: str | None) -> ModuleType:
+    if path is None:
+        from gufo.kernels.triton import gemv
+
+        return gemv
+    spec = importlib.util.spec_from_file_location("gemv_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def random_rows(qtype: GGMLQuantizationType, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """GGUF rows uint8 [n, row bytes] on the GPU: random bytes, fp16 scales small and finite."""
+    if qtype in FLOAT_DTYPES:
+        values = torch.randn(n, k, device="cuda", generator=gen).to(FLOAT_DTYPES[qtype])
+        return values.view(torch.uint8)
+    elems, size = block_shape(qtype)
+    blocks = torch.randint(0, 256, (n, k // elems, size), dtype=torch.uint8, device="cuda", generator=gen)
+    for offset in HALF_OFFSETS[qtype]:
+        halves = (torch.rand(n, k // elems, device="cuda", generator=gen) - 0.5) * 0.02
+        blocks[:, :, offset : offset + 2] = halves.half().view(torch.uint8).reshape(n, k // elems, 2)
+    return blocks.reshape(n, -1)
+
+
+def per_call_ms(calls: list[Callable[[], Any]]) -> float:
+    """Median time of one call, replaying a CUDA graph of all of them (each on other weights)."""
+
+    def run_all() -> None:
+        for call in calls:
+            call()
+
+    run_all()  # compile before capture
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(run_all, rep=30, return_mode="median") / len(calls)
+
+
+def copies_for(nbytes: int) -> int:
+    return max(1, min(16, math.ceil(3 * L2_BYTES / nbytes)))
+
+
+def bench_format(
+    mod: ModuleType, qtype: GGMLQuantizationType, shape: str, ms: list[int]
+) -> list[dict[str, Any]]:
+    n, k = SHAPES[shape]
+    gen = torch.Generator("cuda").manual_seed(0)
+    raw = random_rows(qtype, n, k, gen)
+    weights = [mod.TritonWeight(qtype, (n, k), mod.split_fields(qtype, raw))]
+    nbytes = sum(p.numel() * p.element_size() for p in weights[0].planes)
+    weights += [
+        dataclasses.replace(weights[0], planes=tuple(p.clone() for p in weights[0].planes))
+        for _ in range(copies_for(nbytes) - 1)
+    ]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        t = per_call_ms([lambda w=w, x=x: mod.TritonLinear.apply(x, w) for w in weights])
+        rows.append(
+            {
+                "format": qtype.name,
+                "shape": shape,
+                "N": n,
+                "K": k,
+                "M": m,
+                "us": t * 1e3,
+                "GB/s": nbytes / t / 1e6,
+            }
+        )
+    return rows
+
+
+def bench_torch(shape: str, ms: list[int]) -> list[dict[str, Any]]:
+    n, k = SHAPES[shape]
+    w0 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    weights = [w0] + [w0.clone() for _ in range(copies_for(w0.numel() * 2) - 1)]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        t = per_call_ms([lambda w=w, x=x: x @ w.T for w in weights])
+        rows.append(
+            {
+                "format": "torch-bf16",
+                "shape": shape,
+                "N": n,
+                "K": k,
+                "M": m,
+                "us": t * 1e3,
+                "GB/s": n * k * 2 / t / 1e6,
+            }
+        )
+    return rows
+
+
+def sweep(
+    mod: ModuleType,
+    qtypes: list[GGMLQuantizationType],
+    shapes: list[str],
+    configs: list[tuple[int, int, int]],
+) -> list[dict[str, Any]]:
+    """M = 1 over vector-kernel launch shapes (block_n, step, num_warps)."""
+    rows = []
+    default = mod.vector_config
+    for block_n, step, warps in configs:
+        mod.vector_config = lambda q, n, k, c=(block_n, step, warps): mod.VectorConfig(*c)
+        for qtype in qtypes:
+            for shape in shapes:
+                for row in bench_format(mod, qtype, shape, [1]):
+                    rows.append({**row, "config": f"{block_n}x{step}/w{warps}"})
+                print(rows[-1], flush=True)
+    mod.vector_config = default
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", help="path of another gemv.py to time instead of gufo's")
+    parser.add_argument("--formats", nargs="+", default=["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_K", "BF16"])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--m", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--torch", action="store_true", help="also time torch's bf16 matmul")
+    parser.add_argument("--sweep", nargs="*", help="vector configs BLOCK_NxSTEPxWARPS to try at M = 1")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    mod = load_module(args.module)
+    qtypes = [Q[name] for name in args.formats]
+    rows: list[dict[str, Any]] = []
+    if args.sweep:
+        configs = [tuple(int(v) for v in c.split("x")) for c in args.sweep]
+        rows += sweep(mod, qtypes, args.shapes, configs)  # type: ignore[arg-type]
+    else:
+        for qtype in qtypes:
+            for shape in args.shapes:
+                rows += bench_format(mod, qtype, shape, args.m)
+        if args.torch:
+            for shape in args.shapes:
+                rows += bench_torch(shape, args.m)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    keys = [key for key in rows[0] if key not in ("N", "K")]
+    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    for row in rows:
+        print(
+            "| "
+            + " | ".join(f"{row[key]:.0f}" if isinstance(row[key], float) else str(row[key]) for key in keys)
+            + " |"
+        )
+
+
+if __name__ == "__main__":
+    main()
