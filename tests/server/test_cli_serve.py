@@ -44,6 +44,8 @@ def test_serve_process_answers_and_stops_on_interrupt():
         [sys.executable, "-m", "gufo.cli.main", "serve", "-m", MODEL, "--port", "0", "-c", "256", "-t", "1"],
         stderr=subprocess.PIPE,
         text=True,
+        # a runner started in the background (`cmd &`) ignores SIGINT, and children inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         line = proc.stderr.readline()
