@@ -77,6 +77,11 @@ def make_record(
         "graph_capture_s": run.get("graph_capture_s", 0.0),  # CUDA graph capture so far (untimed)
         **{k: build[k] for k in ("gufo_version", "torch_version", "triton_version", "machine_fingerprint")},
         **({"prefill_validation": run["prefill_validation"]} if run.get("prefill_validation") else {}),
+        **(
+            {"speculative": {"mode": test.speculative, **run["speculative"], **timing.speculative.as_dict()}}
+            if timing.speculative is not None
+            else {}
+        ),
     }
 
 

@@ -3,7 +3,9 @@
 A prompt test times the prefill of n_prompt random token ids (BOS first when the model adds one) in
 logical batches of n_batch; a generation test times n_gen single-token decode steps, synchronising the
 device after each. The depth is prefilled untimed once per depth, snapshotted, and restored before the
-warm-up and every repetition. Tokenization and sampling are never timed.
+warm-up and every repetition. Tokenization and sampling are never timed, except in speculative tests
+(`tg128-ngram`): greedy generation with speculation after an untimed repetitive prompt (a random
+block of ids repeated), timing the n_gen tokens that follow the prompt's own prediction.
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ from datetime import UTC, datetime
 
 from gufo.runtime.engine import Engine
 from gufo.runtime.kv_cache import CacheSnapshot
+from gufo.runtime.sampling import SamplingParams
+from gufo.runtime.speculative import SpeculativeStats, Speculator
 
 SEED = 1234  # fixed, so two builds time the same token ids
+REPEAT_BLOCK, REPEATS = 32, 4  # the repetitive prompt of speculative tests: 32 random ids, 4 times
+GREEDY = SamplingParams(temperature=0.0)
 
 
 @dataclass(frozen=True)
@@ -26,17 +32,31 @@ class BenchTest:
     n_prompt: int
     n_gen: int
     n_depth: int = 0
+    speculative: str | None = None  # speculative mode of a generation test
 
     @property
     def name(self) -> str:
         parts = [f"pp{self.n_prompt}"] if self.n_prompt else []
         parts += [f"tg{self.n_gen}"] if self.n_gen else []
+        mode = f"-{self.speculative}" if self.speculative else ""
         depth = f" @ d{self.n_depth}" if self.n_depth else ""
-        return "+".join(parts) + depth
+        return "+".join(parts) + mode + depth
 
     @property
     def n_tokens(self) -> int:
+        if self.speculative:
+            return REPEAT_BLOCK * REPEATS + self.n_gen
         return self.n_depth + self.n_prompt + self.n_gen
+
+
+def with_speculative(tests: list[BenchTest], mode: str) -> list[BenchTest]:
+    """A speculative twin after each generation-only test at depth 0."""
+    out: list[BenchTest] = []
+    for test in tests:
+        out.append(test)
+        if test.n_gen and not test.n_prompt and not test.n_depth:
+            out.append(BenchTest(0, test.n_gen, 0, mode))
+    return out
 
 
 def plan_tests(
@@ -57,6 +77,7 @@ class Timing:
 
     test: BenchTest
     samples_ns: list[int]
+    speculative: SpeculativeStats | None = None  # summed over the timed repetitions
     test_time: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
     @property
@@ -100,6 +121,7 @@ class BenchRunner:
         warmup: bool = True,
         delay: float = 0.0,
         progress: Progress | None = None,
+        speculator: Speculator | None = None,
     ):
         self.engine = engine
         self.repetitions = repetitions
@@ -107,6 +129,7 @@ class BenchRunner:
         self.warmup = warmup
         self.delay = delay
         self.progress = progress or (lambda _message: None)
+        self.speculator = speculator
         self._depths: dict[int, CacheSnapshot] = {}
         self._random = random.Random(SEED)
 
@@ -120,13 +143,16 @@ class BenchRunner:
                 self._restore_depth(test.n_depth)
                 self._time_once(BenchTest(test.n_prompt, min(test.n_gen, 1), test.n_depth))
             samples = []
+            stats = SpeculativeStats() if test.speculative else None
             for rep in range(self.repetitions):
                 if self.delay:
                     time.sleep(self.delay)
                 self.progress(f"{label}: repetition {rep + 1}/{self.repetitions}")
                 self._restore_depth(test.n_depth)
                 samples.append(self._time_once(test))
-            yield Timing(test, samples)
+                if stats is not None:
+                    stats.add(self.speculator.stats)
+            yield Timing(test, samples, stats)
 
     def _restore_depth(self, depth: int) -> None:
         if depth == 0:
@@ -152,6 +178,8 @@ class BenchRunner:
             self.engine.prefill(tokens[begin : begin + self.n_batch], start=start + begin)
 
     def _time_once(self, test: BenchTest) -> int:
+        if test.speculative:
+            return self._time_speculative(test)
         prompt_tokens = self._random_tokens(test.n_prompt)
         gen_tokens = self._random_tokens(test.n_gen)
         position = test.n_depth + test.n_prompt
@@ -164,3 +192,11 @@ class BenchRunner:
             self.engine.decode(token, position + offset)
             self.engine.synchronize()
         return time.perf_counter_ns() - started
+
+    def _time_speculative(self, test: BenchTest) -> int:
+        if self.speculator is None:
+            raise ValueError(f"{test.name}: the runner has no speculator")
+        block = self._random_tokens(REPEAT_BLOCK)
+        # n_gen + 1 tokens: the first comes from the (untimed) prompt's logits, like a tg test's input
+        result = self.speculator.generate(block * REPEATS, test.n_gen + 1, GREEDY, stop_at_eog=False)
+        return round(result.generation_seconds * 1e9)

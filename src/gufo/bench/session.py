@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -17,6 +18,7 @@ from gufo.gguf.model_file import open_model_file
 from gufo.models.registry import check_architecture, check_supported_types
 from gufo.quality.validate_prefill import PrefillValidation, add_prefill_noise, validate_prefill
 from gufo.runtime.engine import Engine
+from gufo.runtime.speculative import SpeculativeParams, make_speculator
 
 
 @dataclass
@@ -33,6 +35,8 @@ class BenchPlan:
     graphs: bool = True  # GPU decode steps replay captured CUDA graphs
     validate_prefill: int | None = None
     prefill_noise: tuple[int, float] | None = None  # debug hook: (layer, std), see add_prefill_noise
+    speculative: SpeculativeParams | None = None  # adds speculative twins of generation tests
+    draft_model: str | None = None
 
     @property
     def needed_context(self) -> int:
@@ -121,7 +125,19 @@ def run_benchmarks(
                 "routes": engine.model.routes(),
                 "prefill_validation": validations.get(name),
             }
-            runner = BenchRunner(engine, plan.repetitions, n_batch, plan.warmup, plan.delay, progress)
+            speculator = None
+            if plan.speculative is not None:
+                speculator = make_speculator(engine, plan.speculative, plan.draft_model)
+                spec = plan.speculative
+                run_fields["speculative"] = {
+                    "draft_max": spec.draft_max,
+                    "draft_min": spec.draft_min,
+                    "ngram_min": spec.ngram_min,
+                    **({"draft_model": Path(plan.draft_model).name} if plan.draft_model else {}),
+                }
+            runner = BenchRunner(
+                engine, plan.repetitions, n_batch, plan.warmup, plan.delay, progress, speculator
+            )
             timings = runner.run(plan.tests)
             while True:
                 try:

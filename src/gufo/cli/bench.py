@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -11,14 +10,19 @@ import torch
 from gufo.bench.lists import parse_int_list, parse_pair, parse_positive_list
 from gufo.bench.machine import build_info
 from gufo.bench.report import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS, make_printer
-from gufo.bench.runner import Progress, plan_tests
+from gufo.bench.runner import Progress, plan_tests, with_speculative
 from gufo.bench.session import BenchPlan, EngineCache, preflight, run_benchmarks, run_validations
-from gufo.cli.common import add_eager_flag, positive_int
+from gufo.cli.common import (
+    NOISE_ENV,
+    add_eager_flag,
+    add_speculative_flags,
+    parse_noise,
+    positive_int,
+    speculative_params,
+)
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import DEFAULT_MODEL
 from gufo.quality.validate_prefill import PrefillValidation
-
-NOISE_ENV = "GUFO_DEBUG_PREFILL_NOISE"
 
 EPILOG = f"""\
 Lists take a,b,c and ranges first-last, first-last+step, first-last*mult (e.g. -p 64-1024*2).
@@ -114,18 +118,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "same N in one batched prefill; print two [Prefill Validation] lines on stderr; exit 1 before any "
         "table unless both are finite with the same top-1 token. With -p 0 -n 0 it runs alone",
     )
+    add_speculative_flags(parser)
     parser.set_defaults(func=run)
-
-
-def parse_noise() -> tuple[int, float] | None:
-    text = os.environ.get(NOISE_ENV)
-    if not text:
-        return None
-    try:
-        layer, std = text.split(":")
-        return int(layer), float(std)
-    except ValueError:
-        raise BadInputError(f"{NOISE_ENV}: expected LAYER:STD, got {text!r}") from None
 
 
 def make_plan(args: argparse.Namespace) -> BenchPlan:
@@ -138,6 +132,9 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
         [parse_pair(text, "-pg") for text in args.prompt_gen],
         parse_int_list(args.n_depth, "-d"),
     )
+    speculative = speculative_params(args)
+    if speculative is not None:
+        tests = with_speculative(tests, speculative.mode)
     if args.validate_prefill is not None and args.validate_prefill < 2:
         raise BadInputError(f"--validate-prefill needs at least 2 tokens, got {args.validate_prefill}")
     if not tests and args.validate_prefill is None:
@@ -159,6 +156,8 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
         graphs=not args.eager,
         validate_prefill=args.validate_prefill,
         prefill_noise=parse_noise(),
+        speculative=speculative,
+        draft_model=args.draft_model,
     )
 
 

@@ -5,8 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gufo.cli.common import add_engine_flags, add_sampling_flags, make_engine, positive_int, sampling_params
+from gufo.cli.common import (
+    add_engine_flags,
+    add_sampling_flags,
+    add_speculative_flags,
+    make_engine,
+    positive_int,
+    sampling_params,
+    speculative_params,
+)
 from gufo.errors import BadInputError
+from gufo.runtime.speculative import make_speculator
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,12 +31,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-n", "--n-predict", type=positive_int, default=512, help="maximum tokens per reply (default 512)"
     )
     add_sampling_flags(parser)
+    add_speculative_flags(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
+    speculative = speculative_params(args)
     engine = make_engine(args)
+    generator = make_speculator(engine, speculative, args.draft_model) if speculative else engine
     tok = engine.tokenizer
     base = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(base)
@@ -58,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         budget = min(args.n_predict, engine.context - len(ids))
         if budget <= 0:
             raise BadInputError(f"conversation of {len(ids)} tokens fills the context size {engine.context}")
-        engine.generate(ids, budget, params, on_token=emit)
+        generator.generate(ids, budget, params, on_token=emit)
         tail = stream.flush()
         pieces.append(tail)
         sys.stdout.write(tail + "\n")

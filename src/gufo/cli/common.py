@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
@@ -119,6 +121,73 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(seed=args.seed, **fields)
 
 
+def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    from gufo.runtime.speculative import MODES, SpeculativeParams
+
+    defaults = SpeculativeParams()
+    group = parser.add_argument_group("speculative decoding (greedy output identical to plain decoding)")
+    group.add_argument(
+        "--speculative",
+        choices=MODES,
+        required=required,
+        default=None,
+        help="draft tokens by prompt lookup (ngram) or with a smaller model (draft, needs --draft-model) "
+        "and verify them in one pass of the model" + ("" if required else " (default: off)"),
+    )
+    group.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="MODEL",
+        help="GGUF path or alias of the draft model; it must have the same vocabulary",
+    )
+    group.add_argument(
+        "--draft-max",
+        type=positive_int,
+        default=defaults.draft_max,
+        help=f"most tokens drafted per step (default {defaults.draft_max})",
+    )
+    group.add_argument(
+        "--draft-min",
+        type=non_negative_int,
+        default=defaults.draft_min,
+        help=f"shorter drafts are not verified (default {defaults.draft_min})",
+    )
+    group.add_argument(
+        "--ngram-min",
+        type=positive_int,
+        default=defaults.ngram_min,
+        help=f"ngram: shortest context suffix looked up (default {defaults.ngram_min})",
+    )
+
+
+def speculative_params(args: argparse.Namespace):
+    """SpeculativeParams from the flags, or None without --speculative."""
+    from gufo.runtime.speculative import SpeculativeParams
+
+    if args.speculative is None:
+        if args.draft_model is not None:
+            raise BadInputError("--draft-model needs --speculative draft")
+        return None
+    if (args.speculative == "draft") != (args.draft_model is not None):
+        raise BadInputError("--draft-model MODEL goes with --speculative draft, and only with it")
+    return SpeculativeParams(args.speculative, args.draft_max, args.draft_min, args.ngram_min)
+
+
+NOISE_ENV = "GUFO_DEBUG_PREFILL_NOISE"
+
+
+def parse_noise() -> tuple[int, float] | None:
+    """The debug hook {NOISE_ENV}=LAYER:STD (see quality.validate_prefill.add_prefill_noise), if set."""
+    text = os.environ.get(NOISE_ENV)
+    if not text:
+        return None
+    try:
+        layer, std = text.split(":")
+        return int(layer), float(std)
+    except ValueError:
+        raise BadInputError(f"{NOISE_ENV}: expected LAYER:STD, got {text!r}") from None
+
+
 def make_engine(args: argparse.Namespace, n_slots: int = 1):
     from gufo.runtime.engine import Engine
 
@@ -134,10 +203,12 @@ def make_engine(args: argparse.Namespace, n_slots: int = 1):
 
 
 def parse_id_list(text: str, flag: str) -> list[int]:
-    try:
-        ids = [int(part) for part in text.replace(" ", "").strip("[]").split(",") if part]
-    except ValueError:
-        raise BadInputError(f"{flag}: expected comma-separated token ids, got {text!r}") from None
+    """Token ids separated by commas and/or whitespace, optionally in [brackets]."""
+    parts = [part for part in re.split(r"[\s,]+", text.strip().strip("[]")) if part]
+    bad = next((part for part in parts if not part.lstrip("-").isdigit()), None)
+    if bad is not None:
+        raise BadInputError(f"{flag}: expected comma-separated token ids, got {bad[:40]!r}")
+    ids = [int(part) for part in parts]
     if not ids:
         raise BadInputError(f"{flag}: no token ids given")
     return ids

@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "info",
     "bench",
     "compare",
+    "parity",
+    "quality",
     "kernels",
     "synth",
     "serve",

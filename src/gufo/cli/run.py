@@ -9,11 +9,14 @@ from pathlib import Path
 from gufo.cli.common import (
     add_engine_flags,
     add_sampling_flags,
+    add_speculative_flags,
     make_engine,
     non_negative_int,
     sampling_params,
+    speculative_params,
 )
 from gufo.errors import BadInputError
+from gufo.runtime.speculative import make_speculator
 from gufo.runtime.trace import token_trace_line
 
 
@@ -44,10 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--verbose",
         action="store_true",
-        help="also print [TokenTrace]: count=N sha256=H of the generated ids, and the kernel route of each "
-        "op, on stderr",
+        help="also print [TokenTrace]: count=N sha256=H of the generated ids, the kernel route of each "
+        "op and, with --speculative, [Speculative]: drafted=D accepted=A acceptance=A/D steps=S on stderr",
     )
     add_sampling_flags(parser)
+    add_speculative_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -62,7 +66,9 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
+    speculative = speculative_params(args)
     engine = make_engine(args)
+    speculator = make_speculator(engine, speculative, args.draft_model) if speculative else None
     tok = engine.tokenizer
     prompt_ids = tok.encode(read_prompt(args), add_special=True, parse_special=not args.no_special)
     engine.check_fits(len(prompt_ids) + max(args.n_predict - 1, 0))
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(stream.push(token))
         sys.stdout.flush()
 
-    result = engine.generate(
+    result = (speculator or engine).generate(
         prompt_ids, args.n_predict, params, stop_at_eog=not args.ignore_eos, on_token=emit
     )
     sys.stdout.write(stream.flush() + "\n")
@@ -90,4 +96,6 @@ def run(args: argparse.Namespace) -> int:
         routes = " ".join(f"{op}={route}" for op, route in sorted(engine.model.routes().items()))
         print(f"[Routes]: {routes}", file=sys.stderr)
         print(token_trace_line(result.generated_ids), file=sys.stderr)
+        if speculator is not None:
+            print(speculator.stats.line(), file=sys.stderr)
     return 0

@@ -1,7 +1,10 @@
-"""The one-token "decode_layer" op: the torch layer (reference) and the fused CPU kernel (csrc/decode_cpu.c).
+"""The "decode_layer" op: the torch layer (reference) and the fused CPU kernel (csrc/decode_cpu.c).
 
 At decode a layer is ~35 tiny torch ops whose interpreter cost exceeds their work; the CPU kernel runs
 the whole layer in one C call. It takes a model whose every product runs on the int8 CPU kernel.
+A kernel with `batch_invariant = True` also takes a few consecutive tokens at once and gives each the
+numbers a one-token call would: speculative verification reads the weights once for all drafted tokens
+without changing greedy output. The torch layer's multi-token path (prefill) is not batch-invariant.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ ACT_CODES = ("silu", "gelu_tanh")  # index = the C kernel's ACT_* value
 @register(REFERENCE_BACKEND, "decode_layer")
 class ReferenceDecodeLayer:
     name = "torch-layer"
+    batch_invariant = False
 
     @staticmethod
     def prepare(layers: list[DecoderLayer]) -> list[DecoderLayer]:
@@ -81,6 +85,8 @@ class DecodeLayerStruct(ctypes.Structure):
         ("down", PartStruct),
         *((n, _ptr) for n in ("q", "k", "v", "gate", "up", "xn", "attn", "h", "act_out")),
         *((n, _ptr) for n in ("xq", "xs", "xsum16", "xsum32")),
+        ("ld_qkv", _i32),
+        ("ld_gate_up", _i32),
     ]
 
 
@@ -89,7 +95,8 @@ class CpuDecodePlan:
     structs: list[DecodeLayerStruct]
     scratch: list[torch.Tensor]  # what the structs point into, kept alive here
     n_heads: int
-    scores: torch.Tensor  # attention scores, n_heads * context floats, grown on demand
+    rows: int  # tokens the scratch holds; longer calls run in chunks of this many
+    scores: torch.Tensor  # attention scores, rows * n_heads * context floats, grown on demand
 
 
 def _ptr_of(t: torch.Tensor | None) -> int | None:
@@ -121,6 +128,8 @@ def _linears(layer: DecoderLayer) -> list[Linear]:
 @register("cpu", "decode_layer")
 class CpuDecodeLayer:
     name = "cpu-fused-layer"
+    batch_invariant = True
+    rows = 16  # scratch capacity in tokens: a verification of up to 15 drafts runs in one call
 
     @staticmethod
     def available() -> bool:
@@ -135,11 +144,13 @@ class CpuDecodeLayer:
                 lin.kernel is not CpuInt8Linear or lin.route != "cpu" for lin in _linears(layer)
             ):
                 return None
-        # Layers run one after another, so they share one set of scratch vectors (kept hot in cache).
+        # Layers run one after another, so they share one set of scratch vectors (kept hot in cache), each
+        # with room for `rows` tokens.
         scratch: list[torch.Tensor] = []
+        rows = CpuDecodeLayer.rows
 
         def buffer(n: int, dtype: torch.dtype = torch.float32) -> int:
-            scratch.append(torch.zeros(n, dtype=dtype))
+            scratch.append(torch.zeros(rows * n, dtype=dtype))
             return scratch[-1].data_ptr()
 
         def widest(get: Callable[[DecoderLayer], int]) -> int:
@@ -153,8 +164,9 @@ class CpuDecodeLayer:
             buffer(k_max // 16),
             buffer(k_max // 32),
         )
-        qkv_out = buffer(widest(lambda layer: sum(p.out_features for p in layer.attn.qkv.parts)))
-        gate_up_out = buffer(widest(lambda layer: sum(p.out_features for p in layer.ffn.gate_up.parts)))
+        ld_qkv = widest(lambda layer: sum(p.out_features for p in layer.attn.qkv.parts))
+        ld_gate_up = widest(lambda layer: sum(p.out_features for p in layer.ffn.gate_up.parts))
+        qkv_out, gate_up_out = buffer(ld_qkv), buffer(ld_gate_up)
         xn, h = buffer(cfg.n_embd), buffer(cfg.n_embd)
         attn_out, act_out = (
             buffer(widest(lambda layer: layer.attn.o.in_features)),
@@ -204,9 +216,11 @@ class CpuDecodeLayer:
                     xs,
                     xsum16,
                     xsum32,
+                    ld_qkv,
+                    ld_gate_up,
                 )
             )
-        return CpuDecodePlan(structs, scratch, cfg.n_heads, torch.empty(0))
+        return CpuDecodePlan(structs, scratch, cfg.n_heads, rows, torch.empty(0))
 
     @staticmethod
     def apply(
@@ -218,26 +232,31 @@ class CpuDecodeLayer:
         slot: int,
         start_pos: int,
     ) -> torch.Tensor:
-        if start_pos >= cache.context:
+        """x: [M, n_embd], tokens at positions start_pos..start_pos + M - 1; rope_tables: [M, rope_dim]."""
+        n_tokens = x.shape[0]
+        if start_pos + n_tokens > cache.context:
             raise BadInputError(
-                f"sequence of {start_pos + 1} tokens exceeds the context size {cache.context}"
+                f"sequence of {start_pos + n_tokens} tokens exceeds the context size {cache.context}"
             )
         keys, values = cache.keys[index][slot], cache.values[index][slot]
         if keys.dtype != torch.float32 or not (keys.is_contiguous() and values.is_contiguous()):
             raise TypeError("the CPU decode kernel needs a contiguous float32 KV cache")
-        if plan.scores.numel() < plan.n_heads * cache.context:
-            plan.scores = torch.empty(plan.n_heads * cache.context)
+        if plan.scores.numel() < plan.rows * plan.n_heads * cache.context:
+            plan.scores = torch.empty(plan.rows * plan.n_heads * cache.context)
         cos, sin = (t.contiguous() for t in rope_tables)
         out = x.contiguous().clone()
-        library().gufo_decode_layer(
-            ctypes.addressof(plan.structs[index]),
-            out.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            keys.data_ptr(),
-            values.data_ptr(),
-            cache.context,
-            start_pos,
-            plan.scores.data_ptr(),
-        )
+        for begin in range(0, n_tokens, plan.rows):
+            count = min(plan.rows, n_tokens - begin)
+            library().gufo_decode_layer(
+                ctypes.addressof(plan.structs[index]),
+                count,
+                out[begin].data_ptr(),
+                cos[begin].data_ptr(),
+                sin[begin].data_ptr(),
+                keys.data_ptr(),
+                values.data_ptr(),
+                cache.context,
+                start_pos + begin,
+                plan.scores.data_ptr(),
+            )
         return out

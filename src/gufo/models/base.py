@@ -198,9 +198,10 @@ class DecoderModel:
         cache: KVCache,
         slot: int,
         start_pos: int | DevicePosition,
+        per_token: bool = False,
     ) -> torch.Tensor:
         rope_tables = tables[self.layers[index].attn.rope]
-        if x.shape[0] == 1:
+        if x.shape[0] == 1 or per_token:
             _, kernel, plan = self.decoder
             return kernel.apply(plan, index, x, rope_tables, cache, slot, start_pos)
         return self.layers[index](x, rope_tables, cache, index, slot, start_pos)
@@ -212,17 +213,19 @@ class DecoderModel:
         slot: int,
         start_pos: int | DevicePosition,
         all_logits: bool = False,
+        per_token: bool = False,
     ) -> torch.Tensor:
         """Run tokens (1-D) at positions start_pos.. of `slot`; logits [T, vocab] or [1, vocab] (last).
 
         A DevicePosition (one token) keeps every position-dependent step on the device, so the call
-        can be captured in a CUDA graph."""
+        can be captured in a CUDA graph. `per_token` runs several tokens through the decode-layer
+        kernel instead of the prefill layers (speculative verification; see `Engine.decode_tokens`)."""
         x = self.embedding(tokens)
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
         tables = {rope: self._rope_tables(rope, start_pos, tokens.shape[0], cache) for rope in self.ropes}
         for index in range(self.config.n_layers):
-            x = self.block(index, x, tables, cache, slot, start_pos)
+            x = self.block(index, x, tables, cache, slot, start_pos, per_token=per_token)
         if not all_logits:
             x = x[-1:]
         return self.output(self.output_norm(x))

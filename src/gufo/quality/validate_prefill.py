@@ -80,9 +80,9 @@ def add_prefill_noise(engine: Engine, layer: int, std: float) -> None:
     original = model.block
     generator = torch.Generator().manual_seed(SEED)
 
-    def noisy_block(index: int, x: torch.Tensor, *args: object) -> torch.Tensor:
-        out = original(index, x, *args)
-        if index == layer and x.shape[0] > 1:
+    def noisy_block(index: int, x: torch.Tensor, *args: object, per_token: bool = False) -> torch.Tensor:
+        out = original(index, x, *args, per_token=per_token)
+        if index == layer and x.shape[0] > 1 and not per_token:
             out = out + torch.randn(out.shape, generator=generator).to(out) * std
         return out
 

@@ -130,6 +130,22 @@ class Engine:
         return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1].cpu()
 
     @property
+    def batch_invariant_decode(self) -> bool:
+        """Whether `decode_tokens` runs all tokens in one pass (else one decode step each)."""
+        return self.graph_decoder is None and getattr(self.model.decoder[1], "batch_invariant", False)
+
+    @torch.inference_mode()
+    def decode_tokens(self, tokens: Sequence[int], position: int, slot: int = 0) -> torch.Tensor:
+        """Logits [T, vocab] of consecutive tokens from `position`, each bit-identical to what `decode`
+        gives for it: one pass reading the weights once when the decode kernel is batch-invariant, one
+        decode step per token otherwise (a batched prefill would change near-tied greedy choices)."""
+        self.check_fits(position + len(tokens))
+        if not self.batch_invariant_decode:
+            return torch.stack([self.decode(t, position + i, slot) for i, t in enumerate(tokens)])
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        return self.model.forward(ids, self.cache, slot, position, all_logits=True, per_token=True).cpu()
+
+    @property
     def graph_capture_seconds(self) -> float:
         return self.graph_decoder.capture_seconds if self.graph_decoder is not None else 0.0
 
@@ -142,6 +158,18 @@ class Engine:
         rows = zip(tokens, positions, slots, strict=True)
         return torch.stack([self.decode(token, position, slot) for token, position, slot in rows])
 
+    def start_generation(
+        self, prompt_ids: Sequence[int], max_tokens: int, params: SamplingParams, slot: int
+    ) -> tuple[GenerationResult, Sampler, torch.Tensor]:
+        """Check the room, prefill the prompt (timed): the result to fill, its sampler, the logits."""
+        result = GenerationResult(list(prompt_ids))
+        self.check_fits(len(prompt_ids) + max(max_tokens - 1, 0))
+        sampler = Sampler(params)
+        started = time.perf_counter()
+        logits = self.prefill(prompt_ids, slot)
+        result.prompt_seconds = time.perf_counter() - started
+        return result, sampler, logits
+
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -151,12 +179,7 @@ class Engine:
         on_token: Callable[[int], None] | None = None,
         slot: int = 0,
     ) -> GenerationResult:
-        result = GenerationResult(list(prompt_ids))
-        self.check_fits(len(prompt_ids) + max(max_tokens - 1, 0))
-        sampler = Sampler(params)
-        started = time.perf_counter()
-        logits = self.prefill(prompt_ids, slot)
-        result.prompt_seconds = time.perf_counter() - started
+        result, sampler, logits = self.start_generation(prompt_ids, max_tokens, params, slot)
         history = list(prompt_ids)
         started = time.perf_counter()
         position = len(prompt_ids)

@@ -35,6 +35,26 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
         """Pick the next token from a 1-D float logit vector; `history` feeds the repeat penalty."""
+        logits = self.penalized(logits, history)
+        if self.params.greedy:
+            return int(torch.argmax(logits))  # first maximum: ties go to the lowest id
+        ids, final = self._candidates(logits)
+        choice = torch.multinomial(final, 1, generator=self.generator)
+        return int(ids[choice])
+
+    def probabilities(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
+        """The whole distribution `__call__` draws from, over the vocabulary (float64; greedy: a point
+        mass on the argmax). Speculative sampling compares target and draft through it."""
+        logits = self.penalized(logits, history)
+        dense = torch.zeros(logits.numel(), dtype=torch.float64)
+        if self.params.greedy:
+            dense[int(torch.argmax(logits))] = 1.0
+            return dense
+        ids, final = self._candidates(logits)
+        dense[ids] = final.double()
+        return dense / dense.sum()
+
+    def penalized(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
         p = self.params
         logits = logits.float()
         if p.repeat_penalty != 1.0 and history and p.repeat_last_n != 0:
@@ -43,10 +63,11 @@ class Sampler:
             picked = logits[ids]
             logits = logits.clone()
             logits[ids] = torch.where(picked > 0, picked / p.repeat_penalty, picked * p.repeat_penalty)
-        if p.greedy:
-            return int(torch.argmax(logits))  # first maximum: ties go to the lowest id
-        candidates = logits
-        ids = torch.arange(logits.numel())
+        return logits
+
+    def _candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The surviving token ids and their final (tempered) probabilities."""
+        p = self.params
         if 0 < p.top_k < logits.numel():
             candidates, ids = torch.topk(logits, p.top_k)  # sorted descending
         else:
@@ -59,6 +80,4 @@ class Sampler:
         if p.min_p > 0.0:
             keep_mask = probs >= p.min_p * probs[0]
             candidates, ids = candidates[keep_mask], ids[keep_mask]
-        final = torch.softmax(candidates / p.temperature, -1)
-        choice = torch.multinomial(final, 1, generator=self.generator)
-        return int(ids[choice])
+        return ids, torch.softmax(candidates / p.temperature, -1)

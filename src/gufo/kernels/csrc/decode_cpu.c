@@ -1,11 +1,17 @@
-/* One decoder layer for one token in a single call (the CPU decode path).
+/* One decoder layer for M consecutive tokens of one sequence in a single call (the CPU decode path:
+ * M = 1 at decode, M = k + 1 when verifying k speculative drafts).
  *
  * At decode every op works on one vector, so the interpreter's cost per op outweighs the op itself;
- * here a layer is one parallel region: the int8 products split their weight rows over the threads,
- * attention splits the heads, and the small vector steps run on one thread between barriers.
+ * here a layer is one parallel region: the int8 products split their weight rows over the threads
+ * (each weight row is read once for all M tokens), attention splits the (token, head) pairs, and the
+ * small vector steps run on one thread between barriers.
  * Semantics follow the torch layer (models/base.py DecoderLayer): pre-norm, QKV product, optional
  * per-head QK RMSNorm, RoPE from the caller's cos/sin tables, KV append, (sliding-window) grouped
  * attention, output product, optional post-norm, residual; the same for the gated FFN.
+ * Batch invariance: every step computes token m exactly as a call with M = 1 at its position would
+ * (per-token activation quantization, the same summation order in every dot product, attention of
+ * token m over the cache up to its own position), so greedy speculative decoding matches plain decode
+ * bit for bit.
  */
 #include <math.h>
 #include <string.h>
@@ -31,18 +37,28 @@ typedef struct {
     const float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm; /* q/k/post: NULL = none */
     int32_t n_qkv, n_gate_up;
     gufo_part qkv[3], o, gate_up[2], down;
-    float *q, *k, *v, *gate, *up; /* views into the parts' outputs */
-    float *xn, *attn, *h, *act_out; /* scratch: normed input, attention output, block output, FFN hidden */
-    int8_t *xq;                     /* quantized activations of the widest input, and their scales/sums */
+    /* Views into the parts' outputs (row 0); token m's row is ld_qkv / ld_gate_up floats further. */
+    float *q, *k, *v, *gate, *up;
+    /* Scratch, one row per token: normed input and block output [M][n_embd], attention output
+     * [M][n_heads * value_dim], FFN hidden [M][n_ff]. */
+    float *xn, *attn, *h, *act_out;
+    int8_t *xq; /* quantized activations [M][K] of the current product, and their scales/sums */
     float *xs, *xsum16, *xsum32;
+    int32_t ld_qkv, ld_gate_up;
 } gufo_layer;
 
-static void quantize(const gufo_layer *L, int K, const float *x) {
-    gufo_quantize_act(1, K, x, L->xq, L->xs, L->xsum16, L->xsum32);
+/* x [M][K] -> xq, scales and sums, one token per work item (each exactly as with M = 1). */
+static void quantize(const gufo_layer *L, int M, int K, const float *x) {
+    const int nb = K / QK;
+#pragma omp for schedule(static)
+    for (int m = 0; m < M; m++)
+        gufo_quantize_act(1, K, x + (size_t)m * K, L->xq + (size_t)m * K, L->xs + (size_t)m * nb,
+                          L->xsum16 + (size_t)m * nb * 2, L->xsum32 + (size_t)m * nb);
 }
 
-/* All parts read the same quantized input; their row blocks form one work list for the team. */
-static void products(const gufo_layer *L, int n, const gufo_part *parts, int K) {
+/* All parts read the same quantized input; their row blocks form one work list for the team. Token m's
+ * outputs land ldy floats after token m - 1's. */
+static void products(const gufo_layer *L, int M, int n, const gufo_part *parts, int K, int ldy) {
     int total = 0;
     for (int p = 0; p < n; p++) total += ROW_BLOCKS(parts[p].rows);
 #pragma omp for schedule(static)
@@ -50,8 +66,8 @@ static void products(const gufo_layer *L, int n, const gufo_part *parts, int K) 
         int p = 0, nbk = i;
         while (nbk >= ROW_BLOCKS(parts[p].rows)) nbk -= ROW_BLOCKS(parts[p++].rows);
         const gufo_part *P = parts + p;
-        gufo_qgemm_block(1, P->rows, K, P->group, P->kind, L->xq, L->xs, P->group == 16 ? L->xsum16 : L->xsum32,
-                         P->q, P->scale, P->offset, P->out, nbk);
+        gufo_qgemm_block(M, P->rows, K, P->group, P->kind, L->xq, L->xs, P->group == 16 ? L->xsum16 : L->xsum32,
+                         P->q, P->scale, P->offset, P->out, ldy, nbk);
     }
 }
 
@@ -87,11 +103,11 @@ static void axpy(float *out, float p, const float *v, int n) {
     for (; i < n; i++) out[i] += p * v[i];
 }
 
-/* Softmax attention of head h's query over cache positions first..pos (scores: ctx floats of its own). */
-static void attend(const gufo_layer *L, int h, const float *keys, const float *values, int ctx, int first,
+/* Softmax attention of token m's head h over cache positions first..pos (scores: ctx floats of its own). */
+static void attend(const gufo_layer *L, int m, int h, const float *keys, const float *values, int ctx, int first,
                    int pos, float *scores) {
     const int dk = L->key_dim, dv = L->value_dim, kvh = h / (L->n_heads / L->n_kv_heads);
-    const float *q = L->q + (size_t)h * dk;
+    const float *q = L->q + (size_t)m * L->ld_qkv + (size_t)h * dk;
     const float *kb = keys + (size_t)kvh * ctx * dk, *vb = values + (size_t)kvh * ctx * dv;
     float mx = -INFINITY;
     for (int t = first; t <= pos; t++) {
@@ -103,75 +119,80 @@ static void attend(const gufo_layer *L, int h, const float *keys, const float *v
         scores[t] = expf(scores[t] - mx);
         sum += scores[t];
     }
-    float *out = L->attn + (size_t)h * dv;
+    float *out = L->attn + (size_t)m * L->n_heads * dv + (size_t)h * dv;
     memset(out, 0, sizeof(float) * dv);
     for (int t = first; t <= pos; t++) axpy(out, scores[t] / sum, vb + (size_t)t * dv, dv);
 }
 
-/* x += post_norm(h) (or h when there is no post-norm). */
-static void residual(const gufo_layer *L, float *x, const float *post_norm) {
-    if (post_norm != NULL) gufo_rms_norm(1, L->n_embd, L->h, post_norm, L->eps, L->h);
-    for (int i = 0; i < L->n_embd; i++) x[i] += L->h[i];
+/* x += post_norm(h) (or h when there is no post-norm), token m's rows. */
+static void residual(const gufo_layer *L, int m, float *x, const float *post_norm) {
+    float *h = L->h + (size_t)m * L->n_embd;
+    x += (size_t)m * L->n_embd;
+    if (post_norm != NULL) gufo_rms_norm(1, L->n_embd, h, post_norm, L->eps, h);
+    for (int i = 0; i < L->n_embd; i++) x[i] += h[i];
 }
 
-static void activate(const gufo_layer *L) {
+static void activate(const gufo_layer *L, int m) {
+    const float *gate = L->gate + (size_t)m * L->ld_gate_up, *up = L->up + (size_t)m * L->ld_gate_up;
+    float *out = L->act_out + (size_t)m * L->n_ff;
     for (int i = 0; i < L->n_ff; i++) {
-        const float g = L->gate[i];
+        const float g = gate[i];
         const float a = L->act == ACT_SILU ? g / (1.0f + expf(-g))
                                            : 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-        L->act_out[i] = a * L->up[i];
+        out[i] = a * up[i];
     }
 }
 
-/* x [n_embd] is updated in place. keys/values: this layer's cache for the slot, [kv_heads][ctx][dim];
- * the token's k, v are written at `pos`. cos/sin: the RoPE tables of this position (rope_dim floats).
- * scores: n_heads * ctx floats of scratch. */
-void gufo_decode_layer(const gufo_layer *L, float *x, const float *cos, const float *sin, float *keys,
+/* x [M][n_embd] is updated in place; token m sits at position pos + m. keys/values: this layer's cache
+ * for the slot, [kv_heads][ctx][dim]; every token's k, v are written before any token attends.
+ * cos/sin: the RoPE tables of the M positions ([M][rope_dim]). scores: M * n_heads * ctx floats. */
+void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, const float *sin, float *keys,
                        float *values, int ctx, int pos, float *scores) {
-    const int first = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
-    const int n_attn = L->n_heads * L->value_dim;
+    const int n_attn = L->n_heads * L->value_dim, E = L->n_embd;
 #pragma omp parallel
     {
 #pragma omp single
-        {
-            gufo_rms_norm(1, L->n_embd, x, L->attn_norm, L->eps, L->xn);
-            quantize(L, L->n_embd, L->xn);
-        }
-        products(L, L->n_qkv, L->qkv, L->n_embd);
+        for (int m = 0; m < M; m++) gufo_rms_norm(1, E, x + (size_t)m * E, L->attn_norm, L->eps, L->xn + (size_t)m * E);
+        quantize(L, M, E, L->xn);
+        products(L, M, L->n_qkv, L->qkv, E, L->ld_qkv);
 #pragma omp single
-        {
+        for (int m = 0; m < M; m++) {
+            float *q = L->q + (size_t)m * L->ld_qkv, *k = L->k + (size_t)m * L->ld_qkv;
+            const float *v = L->v + (size_t)m * L->ld_qkv;
+            const float *c = cos + (size_t)m * L->rope_dim, *s = sin + (size_t)m * L->rope_dim;
             if (L->q_norm != NULL) {
-                gufo_rms_norm(L->n_heads, L->key_dim, L->q, L->q_norm, L->eps, L->q);
-                gufo_rms_norm(L->n_kv_heads, L->key_dim, L->k, L->k_norm, L->eps, L->k);
+                gufo_rms_norm(L->n_heads, L->key_dim, q, L->q_norm, L->eps, q);
+                gufo_rms_norm(L->n_kv_heads, L->key_dim, k, L->k_norm, L->eps, k);
             }
-            rope(L->q, L->n_heads, L->key_dim, L->rope_dim, L->rope_neox, cos, sin);
-            rope(L->k, L->n_kv_heads, L->key_dim, L->rope_dim, L->rope_neox, cos, sin);
+            rope(q, L->n_heads, L->key_dim, L->rope_dim, L->rope_neox, c, s);
+            rope(k, L->n_kv_heads, L->key_dim, L->rope_dim, L->rope_neox, c, s);
             for (int g = 0; g < L->n_kv_heads; g++) {
-                memcpy(keys + ((size_t)g * ctx + pos) * L->key_dim, L->k + (size_t)g * L->key_dim,
+                memcpy(keys + ((size_t)g * ctx + pos + m) * L->key_dim, k + (size_t)g * L->key_dim,
                        sizeof(float) * L->key_dim);
-                memcpy(values + ((size_t)g * ctx + pos) * L->value_dim, L->v + (size_t)g * L->value_dim,
+                memcpy(values + ((size_t)g * ctx + pos + m) * L->value_dim, v + (size_t)g * L->value_dim,
                        sizeof(float) * L->value_dim);
             }
         }
 #pragma omp for schedule(static)
-        for (int h = 0; h < L->n_heads; h++) attend(L, h, keys, values, ctx, first, pos, scores + (size_t)h * ctx);
-#pragma omp single
-        quantize(L, n_attn, L->attn);
-        products(L, 1, &L->o, n_attn);
-#pragma omp single
-        {
-            residual(L, x, L->post_attn_norm);
-            gufo_rms_norm(1, L->n_embd, x, L->ffn_norm, L->eps, L->xn);
-            quantize(L, L->n_embd, L->xn);
+        for (int i = 0; i < M * L->n_heads; i++) {
+            const int m = i / L->n_heads, h = i % L->n_heads, at = pos + m;
+            const int first = L->window > 0 && at - L->window + 1 > 0 ? at - L->window + 1 : 0;
+            attend(L, m, h, keys, values, ctx, first, at, scores + (size_t)i * ctx);
         }
-        products(L, L->n_gate_up, L->gate_up, L->n_embd);
+        quantize(L, M, n_attn, L->attn);
+        products(L, M, 1, &L->o, n_attn, E);
 #pragma omp single
-        {
-            activate(L);
-            quantize(L, L->n_ff, L->act_out);
+        for (int m = 0; m < M; m++) {
+            residual(L, m, x, L->post_attn_norm);
+            gufo_rms_norm(1, E, x + (size_t)m * E, L->ffn_norm, L->eps, L->xn + (size_t)m * E);
         }
-        products(L, 1, &L->down, L->n_ff);
+        quantize(L, M, E, L->xn);
+        products(L, M, L->n_gate_up, L->gate_up, E, L->ld_gate_up);
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) activate(L, m);
+        quantize(L, M, L->n_ff, L->act_out);
+        products(L, M, 1, &L->down, L->n_ff, E);
 #pragma omp single
-        residual(L, x, L->post_ffn_norm);
+        for (int m = 0; m < M; m++) residual(L, m, x, L->post_ffn_norm);
     }
 }

@@ -125,10 +125,13 @@ enum { W_UNSIGNED8 = 0, W_SIGNED8 = 1, W_NIBBLES = 2 };
     } while (0)
 
 /* Rows [ROW_BLOCK * nbk, ROW_BLOCK * (nbk + 1)) of y [M][N] = x [M][K] @ W[N][K]^T, with W = q * ws (+ woff)
- * and x quantized by gufo_quantize_act. kind: W_UNSIGNED8, W_SIGNED8 or W_NIBBLES. xsum is xsum16 when
- * group == 16, else xsum32. woff may be NULL. */
+ * and x quantized by gufo_quantize_act; row m of y starts at y + m * ldy. kind: W_UNSIGNED8, W_SIGNED8 or
+ * W_NIBBLES. xsum is xsum16 when group == 16, else xsum32. woff may be NULL.
+ * Every tile shape accumulates an output element in the same order (blocks in sequence, one FMA each,
+ * then hsum256), so row m's result does not depend on M: speculative verification relies on that. */
 void gufo_qgemm_block(int M, int N, int K, int group, int kind, const int8_t *xq, const float *xs,
-                      const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y, int nbk) {
+                      const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y, int ldy,
+                      int nbk) {
     const int ng = K / group;
     const int n_start = nbk * ROW_BLOCK;
     const int n_end = n_start + ROW_BLOCK < N ? n_start + ROW_BLOCK : N;
@@ -136,18 +139,18 @@ void gufo_qgemm_block(int M, int N, int K, int group, int kind, const int8_t *xq
     for (; m0 + 4 <= M; m0 += 4) {
         int n0 = n_start;
         for (; n0 + 2 <= n_end; n0 += 2) {
-            DISPATCH(kind, 4x2, K, group, xq, xs, w, ws, N, y, m0, n0);
+            DISPATCH(kind, 4x2, K, group, xq, xs, w, ws, ldy, y, m0, n0);
         }
         for (; n0 < n_end; n0++)
-            for (int i = 0; i < 4; i++) DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, N, y, m0 + i, n0);
+            for (int i = 0; i < 4; i++) DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, ldy, y, m0 + i, n0);
     }
     for (; m0 < M; m0++) {
         int n0 = n_start;
         for (; n0 + 4 <= n_end; n0 += 4) {
-            DISPATCH(kind, 1x4, K, group, xq, xs, w, ws, N, y, m0, n0);
+            DISPATCH(kind, 1x4, K, group, xq, xs, w, ws, ldy, y, m0, n0);
         }
         for (; n0 < n_end; n0++) {
-            DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, N, y, m0, n0);
+            DISPATCH(kind, 1x1, K, group, xq, xs, w, ws, ldy, y, m0, n0);
         }
     }
     if (woff != NULL) {
@@ -160,7 +163,7 @@ void gufo_qgemm_block(int M, int N, int K, int group, int kind, const int8_t *xq
                     vacc = _mm256_fmadd_ps(_mm256_loadu_ps(o + g), _mm256_loadu_ps(s + g), vacc);
                 float acc = hsum256(vacc);
                 for (; g < ng; g++) acc += o[g] * s[g];
-                y[(size_t)m * N + n] += acc;
+                y[(size_t)m * ldy + n] += acc;
             }
     }
 }
@@ -170,7 +173,7 @@ void gufo_qgemm(int M, int N, int K, int group, int kind, const int8_t *xq, cons
                 const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y) {
 #pragma omp parallel for schedule(static)
     for (int nbk = 0; nbk < ROW_BLOCKS(N); nbk++)
-        gufo_qgemm_block(M, N, K, group, kind, xq, xs, xsum, w, ws, woff, y, nbk);
+        gufo_qgemm_block(M, N, K, group, kind, xq, xs, xsum, w, ws, woff, y, N, nbk);
 }
 
 /* One call per linear layer: quantize x [M][K] into a scratch buffer, then y = x @ W^T. Saves the

@@ -19,7 +19,8 @@ static inline float hsum256(__m256 v) {
 
 void gufo_quantize_act(int M, int K, const float *x, int8_t *xq, float *xs, float *xsum16, float *xsum32);
 void gufo_qgemm_block(int M, int N, int K, int group, int kind, const int8_t *xq, const float *xs,
-                      const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y, int nbk);
+                      const float *xsum, const uint8_t *w, const float *ws, const float *woff, float *y, int ldy,
+                      int nbk);
 void gufo_rms_norm(int M, int K, const float *x, const float *w, float eps, float *y);
 
 #endif
