@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gufo.bench.machine import backend_label, build_info, device_name
+from gufo.bench.machine import backend_label, device_name
 from gufo.bench.report import make_record, model_fields
 from gufo.bench.runner import BenchRunner, BenchTest, Progress
 from gufo.errors import BadInputError, CheckFailedError, GufoError
@@ -102,10 +102,11 @@ def run_benchmarks(
     plan: BenchPlan,
     engines: EngineCache,
     validations: dict[str, dict[str, object]],
+    build: dict[str, object],
     progress: Progress | None = None,
 ) -> Iterator[dict[str, object]]:
-    """Yield one record per test as it finishes. A failure mid-run becomes GufoError (exit 1)."""
-    build = build_info()
+    """Yield one record per test as it finishes (`build`: machine.build_info() of the run).
+    A failure mid-run becomes GufoError (exit 1)."""
     for name in plan.models:
         engine = engines.get(name)
         model = model_fields(engine.file)

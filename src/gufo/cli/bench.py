@@ -184,14 +184,14 @@ def run(args: argparse.Namespace) -> int:
     printers = [make_printer(args.output, sys.stdout, show_batch, show_ubatch)]
     if args.output_err:
         printers.append(make_printer(args.output_err, sys.stderr, show_batch, show_ubatch))
+    build = build_info()  # once per run: the footer and every row share it
     for printer in printers:
         printer.begin()
     try:
-        for record in run_benchmarks(plan, engines, validations, progress):
+        for record in run_benchmarks(plan, engines, validations, build, progress):
             for printer in printers:
                 printer.row(record)
     finally:
-        build = build_info()
         for printer in printers:
             printer.end(build)
     return 0
