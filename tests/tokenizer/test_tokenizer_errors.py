@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from tokenizer_oracles import metadata_of, vocab_path, vocab_tokenizer
+from tokenizer_oracles import BYTE_CHARS, byte_level_tokenizer, metadata_of, vocab_path, vocab_tokenizer
 
 from gufo.errors import BadInputError
 from gufo.tokenizer import Tokenizer, pretok
-from gufo.tokenizer.detok import BYTE_OF_CHAR
 
 BPE_META = {
     "tokenizer.ggml.model": "gpt2",
@@ -65,15 +64,8 @@ def test_phi3_special_tokens_swallow_following_spaces() -> None:
 @pytest.mark.parametrize("pre", pretok.SUPPORTED)
 def test_every_supported_pre_tokenizer_builds(pre: str) -> None:
     # the regexes of pre-tokenizers without test vectors at least compile and lose no text
-    chars = sorted(BYTE_OF_CHAR, key=BYTE_OF_CHAR.get)
-    meta = {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": pre,
-        "tokenizer.ggml.tokens": [*chars, "He", "ll", "Hell"],
-        "tokenizer.ggml.merges": ["H e", "l l", "He ll"],
-    }
-    tok = Tokenizer.from_gguf(meta)
+    tok = byte_level_tokenizer(pre, ["H e", "l l", "He ll"])
     text = "Hello World 123 'tis  ÄÖü 日本 \n\n x\t"
     ids = tok.encode(text, add_special=False)
     assert tok.decode(ids) == text
-    assert ids[0] == len(chars) + 2  # "Hello" starts with the merged "Hell"
+    assert ids[0] == len(BYTE_CHARS) + 2  # "Hello" starts with the merged "Hell"

@@ -13,6 +13,7 @@ from typing import Any
 
 from gufo.gguf.model_file import open_model_file
 from gufo.tokenizer import Tokenizer
+from gufo.tokenizer.detok import BYTE_OF_CHAR
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 VOCAB_DIR = SHARED / "vocab"
@@ -49,6 +50,26 @@ def metadata_of(path: str) -> dict[str, Any]:
 @cache
 def vocab_tokenizer(name: str) -> Tokenizer:
     return Tokenizer.from_gguf(metadata_of(str(vocab_path(name))))
+
+
+BYTE_CHARS = sorted(BYTE_OF_CHAR, key=BYTE_OF_CHAR.get)  # id i is the character of byte i
+
+
+def byte_level_tokenizer(pre: str, merges: list[str]) -> Tokenizer:
+    """A hand-built BPE vocabulary: the 256 byte characters (ids 0-255), then one token per merge.
+
+    Lets a test predict ids from the pre-tokenizer's word cuts alone: a merge applies only
+    inside one word.
+    """
+    merged = [m.replace(" ", "") for m in merges]
+    return Tokenizer.from_gguf(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": pre,
+            "tokenizer.ggml.tokens": [*BYTE_CHARS, *merged],
+            "tokenizer.ggml.merges": merges,
+        }
+    )
 
 
 @cache
