@@ -10,7 +10,7 @@ from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.quant import unsupported_reason
 
-ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3")
+ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3", "qwen35")
 _ARCHITECTURES: dict[str, Callable[[ModelFile, str], Any]] = {}
 
 
@@ -44,5 +44,11 @@ def check_supported_types(mf: ModelFile) -> None:
             raise BadInputError(f"{mf.label}: tensor {info.name}: {reason}")
 
 
-def build_model(mf: ModelFile, backend: str) -> Any:
-    return _ARCHITECTURES[check_architecture(mf)](mf, backend)
+def build_model(mf: ModelFile, backend: str, tensor_parallel: Any = None) -> Any:
+    """The model, or this rank's shard of it when given a gufo.parallel TensorParallel group."""
+    architecture = _ARCHITECTURES[check_architecture(mf)]
+    if tensor_parallel is None:
+        return architecture(mf, backend)
+    from gufo.parallel.model import build_sharded
+
+    return build_sharded(architecture, mf, backend, tensor_parallel)

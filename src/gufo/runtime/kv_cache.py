@@ -2,15 +2,19 @@
 
 Layout per layer: [slots, kv_heads, context, head_dim], so a server can run several sequences (one per
 slot) against one allocation, and a slot can be rewound (speculation, prefix reuse) by position alone.
+Hybrid models allocate KV only for their attention layers and keep the recurrent layers' state beside it
+(`recurrent`, per slot too), which snapshots copy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from gufo.errors import BadInputError
+from gufo.runtime.recurrent_state import RecurrentState
 
 
 @dataclass
@@ -21,6 +25,7 @@ class CacheSnapshot:
     length: int
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    recurrent: list[torch.Tensor] | None = None  # the slot's recurrent-layer state, if the model has one
 
 
 class KVCache:
@@ -34,16 +39,24 @@ class KVCache:
         value_dim: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        attention_layers: Sequence[int] | None = None,
+        recurrent: RecurrentState | None = None,
     ):
+        """`attention_layers`: the layers that get KV entries (all when None); the others get none."""
         self.context = context
         self.n_slots = n_slots
+        self.recurrent = recurrent
+        lengths = [
+            context if attention_layers is None or layer in attention_layers else 0
+            for layer in range(n_layers)
+        ]
         self.keys = [
-            torch.zeros(n_slots, n_kv_heads, context, key_dim, dtype=dtype, device=device)
-            for _ in range(n_layers)
+            torch.zeros(n_slots, n_kv_heads, length, key_dim, dtype=dtype, device=device)
+            for length in lengths
         ]
         self.values = [
-            torch.zeros(n_slots, n_kv_heads, context, value_dim, dtype=dtype, device=device)
-            for _ in range(n_layers)
+            torch.zeros(n_slots, n_kv_heads, length, value_dim, dtype=dtype, device=device)
+            for length in lengths
         ]
 
     def append(
@@ -65,6 +78,7 @@ class KVCache:
             length,
             [k[slot, :, :length].clone() for k in self.keys],
             [v[slot, :, :length].clone() for v in self.values],
+            None if self.recurrent is None else self.recurrent.save(slot),
         )
 
     def restore(self, state: CacheSnapshot) -> None:
@@ -72,3 +86,5 @@ class KVCache:
         for layer, (k, v) in enumerate(zip(state.keys, state.values, strict=True)):
             self.keys[layer][state.slot, :, : state.length] = k
             self.values[layer][state.slot, :, : state.length] = v
+        if state.recurrent is not None:
+            self.recurrent.load(state.slot, state.recurrent)

@@ -1,0 +1,29 @@
+"""The "causal_conv1d" op: a short depthwise causal convolution that carries its input window as state.
+
+Per channel c: y_t = sum_j w[c, j] x_{t - K + 1 + j}; the state holds the last K - 1 inputs of the
+sequence so far (zeros at its start), so a sequence cut into any pieces gives the same outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gufo.kernels.registry import REFERENCE_BACKEND, register
+
+
+@register(REFERENCE_BACKEND, "causal_conv1d")
+class ReferenceCausalConv1d:
+    name = "torch-causal-conv1d"
+
+    @staticmethod
+    def apply(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x: [T, C]; state: [C, K - 1], advanced in place; weight: [C, K]. Returns [T, C]."""
+        n_tokens, width = x.shape[0], weight.shape[1]
+        window = torch.cat((state, x.T), dim=1)  # [C, K - 1 + T]
+        # K shifted multiply-adds: exact float32 on every device (cuDNN's conv may round to TF32)
+        out = window[:, :n_tokens] * weight[:, :1]
+        for j in range(1, width):
+            out = out + window[:, j : j + n_tokens] * weight[:, j : j + 1]
+        if state.shape[1]:
+            state.copy_(window[:, -state.shape[1] :])
+        return out.T

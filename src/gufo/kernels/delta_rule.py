@@ -1,0 +1,111 @@
+"""The "gated_delta_rule" op (Gated DeltaNet linear attention): torch reference, any device.
+
+Per value head a state S [key_dim, value_dim]; per token t with log-decay g_t <= 0 and write strength
+beta_t in (0, 1):
+
+    S <- exp(g_t) S;    S <- S + k_t (beta_t (v_t - S^T k_t))^T;    o_t = S^T q_t
+
+Two forms of the same recurrence. `recurrent_delta_rule` steps token by token (decode). `chunked_delta_rule`
+(prefill) solves the updates inside a chunk of CHUNK tokens at once as one unit-lower-triangular system
+(the WY/UT form of Yang et al., "Gated Delta Networks", 2024), so only the chunk boundaries are sequential.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gufo.kernels.registry import REFERENCE_BACKEND, register
+
+CHUNK = 64
+
+
+def recurrent_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> torch.Tensor:
+    """q, k: [T, H, Dk]; v: [T, H, Dv]; g, beta: [T, H]; state: [H, Dk, Dv], advanced in place.
+
+    Returns the outputs [T, H, Dv]."""
+    s = state
+    outputs = []
+    for t in range(q.shape[0]):
+        s = s * g[t].exp()[:, None, None]
+        remembered = (k[t][:, None, :] @ s)[:, 0]  # S^T k: what the state already returns for k
+        correction = (v[t] - remembered) * beta[t][:, None]
+        s = s + k[t][:, :, None] * correction[:, None, :]
+        outputs.append((q[t][:, None, :] @ s)[:, 0])
+    state.copy_(s)
+    return torch.stack(outputs)
+
+
+def _chunks(x: torch.Tensor, pad: int, chunk: int) -> torch.Tensor:
+    """[T, H, ...] -> [H, T / chunk, chunk, ...], zero-padded at the end."""
+    x = x.transpose(0, 1)
+    x = F.pad(x, (0, 0, 0, pad)) if x.dim() == 3 else F.pad(x, (0, pad))
+    return x.reshape(x.shape[0], -1, chunk, *x.shape[2:])
+
+
+def chunked_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int = CHUNK,
+) -> torch.Tensor:
+    """Same arguments and result as `recurrent_delta_rule`.
+
+    In a chunk with cumulative log-decay c_i = g_1 + ... + g_i and S0 the state before it, the
+    corrections u_i = beta_i (v_i - exp(c_i) S0^T k_i - sum_{j<i} exp(c_i - c_j) (k_i.k_j) u_j) form the
+    system (I + A) U = beta V - beta exp(c) K S0 with A strictly lower triangular. Padding tokens (k = 0,
+    beta = 0, g = 0) change nothing, so a length that is not a multiple of the chunk is exact."""
+    n_tokens, n_heads = q.shape[:2]
+    pad = (-n_tokens) % chunk
+    q, k, v, g, beta = (_chunks(x, pad, chunk) for x in (q, k, v, g, beta))  # [H, N, C, ...]
+    c = g.cumsum(-1)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    # exp(c_i - c_j) for j <= i; masked before exp, where the difference is positive and could overflow
+    decay = (c[..., :, None] - c[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    system = ((k @ k.transpose(-1, -2)) * decay * beta[..., :, None]).tril(-1)
+    system = system + torch.eye(chunk, dtype=q.dtype, device=q.device)
+    solve = torch.linalg.solve_triangular
+    values = solve(system, v * beta[..., None], upper=False, unitriangular=True)
+    state_keys = solve(system, k * (beta * c.exp())[..., None], upper=False, unitriangular=True)
+    scores = (q @ k.transpose(-1, -2)) * decay
+    q_decayed = q * c.exp()[..., None]
+    k_to_end = k * (c[..., -1:] - c).exp()[..., None]  # each token's write, decayed to the chunk's end
+    chunk_decay = c[..., -1].exp()[..., None, None]
+    s = state
+    out = torch.empty_like(values)
+    for n in range(q.shape[1]):
+        u = values[:, n] - state_keys[:, n] @ s
+        out[:, n] = q_decayed[:, n] @ s + scores[:, n] @ u
+        s = s * chunk_decay[:, n] + k_to_end[:, n].transpose(-1, -2) @ u
+    state.copy_(s)
+    return out.reshape(n_heads, -1, out.shape[-1])[:, :n_tokens].transpose(0, 1)
+
+
+@register(REFERENCE_BACKEND, "gated_delta_rule")
+class ReferenceGatedDeltaRule:
+    """One token: the recurrent form; more: the chunked form. q is multiplied by `scale` first."""
+
+    name = "torch-gated-delta-rule"
+
+    @staticmethod
+    def apply(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        state: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        form = recurrent_delta_rule if q.shape[0] == 1 else chunked_delta_rule
+        return form(q * scale, k, v, g, beta, state)

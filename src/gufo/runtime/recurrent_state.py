@@ -1,0 +1,60 @@
+"""Per-slot state of recurrent (linear-attention) layers, owned by the KV cache.
+
+Each such layer keeps, per slot, the last inputs of its causal conv ([channels, kernel - 1]) and the
+delta-rule matrices ([heads, key_dim, value_dim]). Unlike KV entries they summarise the whole sequence
+and cannot be rewound by position: snapshots and speculative rollback copy them (`save`/`load`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RecurrentShape:
+    layers: tuple[int, ...]  # indices of the layers that hold state
+    conv: tuple[int, int]  # channels, kernel - 1
+    delta: tuple[int, int, int]  # heads, key_dim, value_dim
+
+
+class RecurrentState:
+    def __init__(
+        self,
+        shape: RecurrentShape,
+        n_slots: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
+        self.shape = shape
+        self.conv = {i: torch.zeros(n_slots, *shape.conv, dtype=dtype, device=device) for i in shape.layers}
+        self.delta = {i: torch.zeros(n_slots, *shape.delta, dtype=dtype, device=device) for i in shape.layers}
+
+    def tensors(self, slot: int) -> list[torch.Tensor]:
+        """Views of the slot's state in every layer (conv windows, then delta matrices)."""
+        return [t[slot] for t in (*self.conv.values(), *self.delta.values())]
+
+    def save(self, slot: int, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Copies of the slot's state, written into `into` (an earlier save's result) when given."""
+        if into is None:
+            return [t.clone() for t in self.tensors(slot)]
+        for buffer, t in zip(into, self.tensors(slot), strict=True):
+            buffer.copy_(t)
+        return into
+
+    def load(self, slot: int, saved: Sequence[torch.Tensor]) -> None:
+        for target, value in zip(self.tensors(slot), saved, strict=True):
+            target.copy_(value)
+
+    def start(self, slot: int, position: int | torch.Tensor) -> None:
+        """A pass starting at position 0 begins a new sequence: clear the slot. `position` may be a device
+        tensor ([1]; a captured decode step), then the clearing is a masked fill that needs no host sync."""
+        if isinstance(position, torch.Tensor):
+            fresh = position == 0
+            for t in self.tensors(slot):
+                t.masked_fill_(fresh, 0.0)
+        elif position == 0:
+            for t in self.tensors(slot):
+                t.zero_()

@@ -1,0 +1,164 @@
+"""A tiny random transformers Qwen3.5 written to GGUF with llama.cpp's converter layout (qwen35).
+
+The weight transforms follow convert_hf_to_gguf.py (Qwen3NextModel, _LinearAttentionVReorderBase,
+Qwen3_5TextModel): value heads reordered from grouped-by-key-head to tiled, A_log -> -exp(A_log),
+dt_bias -> ssm_dt.bias, conv1d squeezed to [channels, kernel], +1 on every RMSNorm weight except the
+gated norm; tensor names come from the gguf package's own name map.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+VOCAB = 128
+CONTEXT = 512
+
+
+def tiny_config(interval: int = 4, layers: int = 4):
+    import transformers
+
+    return transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        max_position_embeddings=CONTEXT,
+        rms_norm_eps=1e-6,
+        full_attention_interval=interval,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False,
+    )
+
+
+def tiny_hf_model(interval: int = 4, layers: int = 4, seed: int = 0):
+    """Random float32 Qwen3_5ForCausalLM; weights scaled so that every block matters to the logits."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.Qwen3_5ForCausalLM(tiny_config(interval, layers)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):  # plain weight
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            elif "norm" in name:  # zero-centred: the model uses 1 + w
+                param.copy_(0.2 * torch.randn_like(param))
+            elif name.endswith("A_log"):
+                param.copy_(torch.empty_like(param).uniform_(0.5, 8.0).log())
+            elif name.endswith("dt_bias"):
+                param.copy_(0.5 * torch.randn_like(param))
+            elif "conv1d" in name:
+                param.copy_(0.4 * torch.randn_like(param))
+            else:
+                param.copy_(torch.randn_like(param) * (0.6 if "embed" in name else 0.15))
+    return model
+
+
+def _tiled(t: torch.Tensor, dim: int, key_heads: int, per_key: int, head_dim: int) -> torch.Tensor:
+    """Value heads along `dim` from grouped by key head [k0v0, k0v1, k1v0, ...] to tiled [k0v0, k1v0, ...]."""
+    shape = list(t.shape)
+    dim %= len(shape)
+    t = t.reshape(*shape[:dim], key_heads, per_key, head_dim, *shape[dim + 1 :])
+    return t.transpose(dim, dim + 1).reshape(shape)
+
+
+def converted_tensors(model) -> dict[str, np.ndarray]:
+    """GGUF name -> float32 array, as the converter writes them."""
+    cfg = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, cfg.num_hidden_layers)
+    kh, vh = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    kd, vd, per_key = cfg.linear_key_head_dim, cfg.linear_value_head_dim, vh // kh
+    out = {}
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().float().clone()
+        if "linear_attn." in name and kh != vh:
+            if ".in_proj_qkv." in name:
+                t = torch.cat([t[: 2 * kh * kd], _tiled(t[2 * kh * kd :], 0, kh, per_key, vd)])
+            elif ".in_proj_z." in name:
+                t = _tiled(t, 0, kh, per_key, vd)
+            elif ".in_proj_b." in name or ".in_proj_a." in name:
+                t = _tiled(t, 0, kh, per_key, 1)
+            elif name.endswith((".A_log", ".dt_bias")):
+                t = _tiled(t[:, None], 0, kh, per_key, 1)[:, 0]
+            elif ".conv1d" in name:
+                t = t.squeeze()
+                t = torch.cat([t[: 2 * kh * kd], _tiled(t[2 * kh * kd :], 0, kh, per_key, vd)])
+            elif ".out_proj." in name:
+                t = _tiled(t, 1, kh, per_key, vd)
+        if name.endswith(".A_log"):
+            t = -torch.exp(t)
+        elif name.endswith(".dt_bias"):
+            name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
+        elif "conv1d" in name:
+            t = t.squeeze()
+        elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            t = t + 1
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, name
+        out[gguf_name] = t.numpy()
+    return out
+
+
+def write_gguf(
+    model, path: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
+) -> Path:
+    """Write `model` as a qwen35 GGUF with a toy SentencePiece-style vocabulary. With F16 matrices the
+    model's matrices are first rounded to float16 in place, so both sides run the same weights."""
+    cfg = model.config
+    if matrix_type == gguf.GGMLQuantizationType.F16:
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() == 2:
+                    param.copy_(param.half().float())
+    arch = "qwen35"
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in {
+        "block_count": cfg.num_hidden_layers,
+        "context_length": cfg.max_position_embeddings,
+        "embedding_length": cfg.hidden_size,
+        "feed_forward_length": cfg.intermediate_size,
+        "attention.head_count": cfg.num_attention_heads,
+        "attention.head_count_kv": cfg.num_key_value_heads,
+        "attention.key_length": cfg.head_dim,
+        "attention.value_length": cfg.head_dim,
+        "ssm.conv_kernel": cfg.linear_conv_kernel_dim,
+        "ssm.state_size": cfg.linear_key_head_dim,
+        "ssm.group_count": cfg.linear_num_key_heads,
+        "ssm.time_step_rank": cfg.linear_num_value_heads,
+        "ssm.inner_size": cfg.linear_value_head_dim * cfg.linear_num_value_heads,
+        "full_attention_interval": cfg.layer_types.index("full_attention") + 1,
+        "rope.dimension_count": int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]),
+        "vocab_size": cfg.vocab_size,
+    }.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    writer.add_rope_dimension_sections([2, 1, 1, 0])
+    writer.add_tokenizer_model("llama")
+    tokens = ["<unk>", "<s>", "</s>", *[f"t{i}" for i in range(cfg.vocab_size - 3)]]
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * cfg.vocab_size)
+    writer.add_token_types([2, 3, 3, *[1] * (cfg.vocab_size - 3)])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    for name, data in converted_tensors(model).items():
+        if data.ndim == 2 and "ssm_conv1d" not in name:  # the converter keeps the conv kernel float32
+            data = data.astype(np.float16 if matrix_type == gguf.GGMLQuantizationType.F16 else np.float32)
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

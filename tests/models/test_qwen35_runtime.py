@@ -1,0 +1,181 @@
+"""The hybrid qwen35 through the runtime: --validate-prefill (also with uneven prefill chunks), cache
+snapshots with the recurrent state, speculative greedy parity, and rollback of rejected drafts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from qwen35_gguf import tiny_hf_model, write_gguf
+
+from gufo.quality.validate_prefill import validate_prefill
+from gufo.runtime.engine import Engine
+from gufo.runtime.sampling import Sampler, SamplingParams
+from gufo.runtime.speculative import (
+    Draft,
+    DraftModelProposer,
+    NgramProposer,
+    SpeculativeParams,
+    Speculator,
+)
+from tests.conftest import gufo
+
+pytest.importorskip("transformers")
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return write_gguf(tiny_hf_model(interval=2), tmp_path_factory.mktemp("qwen35") / "tiny-qwen35.gguf")
+
+
+def state_tensors(engine: Engine, length: int) -> list[torch.Tensor]:
+    """The slot-0 cache a continuation reads: KV of positions < length, and the recurrent state."""
+    cache = engine.cache
+    kv = [t[0, :, :length].clone() for t in (*cache.keys, *cache.values)]
+    return kv + cache.recurrent.save(0)
+
+
+def poison(engine: Engine) -> None:
+    """NaN everywhere in the cache, so nothing of an earlier run can go unnoticed."""
+    cache = engine.cache
+    for t in (*cache.keys, *cache.values, *cache.recurrent.conv.values(), *cache.recurrent.delta.values()):
+        t.fill_(float("nan"))
+
+
+@pytest.mark.parametrize("batch_size", [100, 64, 2048])  # 100 + 100 + 56; 4 x 64; one pass
+def test_validate_prefill_256(model_path, batch_size):
+    engine = Engine(model_path, context=256, batch_size=batch_size)
+    result = validate_prefill(engine, 256)
+    assert result.passed, result.lines()
+    assert result.diff.max_abs_diff < 1e-3 and result.diff.cosine > 0.99999
+
+
+def test_validate_prefill_cli_with_uneven_ubatch(capsys, model_path):
+    code, out, err = gufo(capsys, "bench", "-m", str(model_path), "--validate-prefill", "256", "-ub", "24",
+                          "-p", "0", "-n", "0")  # fmt: skip
+    assert code == 0 and out == ""
+    assert "[Prefill Validation] tokens=256" in err and "top1_match=yes finite=yes" in err
+
+
+def test_snapshot_restore_round_trips_the_recurrent_state(model_path):
+    engine = Engine(model_path, context=128)
+    prompt = list(range(3, 53))
+    engine.prefill(prompt)
+    expected_state = state_tensors(engine, len(prompt))
+    snapshot = engine.cache.snapshot(0, len(prompt))
+    assert snapshot.recurrent is not None
+    expected_next = engine.decode(9, len(prompt))
+    poison(engine)
+    engine.cache.restore(snapshot)
+    assert all(
+        torch.equal(a, b) for a, b in zip(state_tensors(engine, len(prompt)), expected_state, strict=True)
+    )
+    assert torch.equal(engine.decode(9, len(prompt)), expected_next)
+
+
+def test_position_zero_starts_a_new_sequence(model_path):
+    engine = Engine(model_path, context=128)
+    first = engine.prefill([1, 5, 6, 7])
+    engine.prefill(list(range(10, 60)))  # another sequence in the same slot
+    assert torch.equal(engine.prefill([1, 5, 6, 7]), first)
+
+
+def test_ngram_speculation_is_greedy_faithful(model_path):
+    engine = Engine(model_path, context=256)
+    speculator = Speculator(engine, NgramProposer(SpeculativeParams("ngram", draft_max=5, ngram_min=1)))
+    prompts = [[1, 5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6], [1, 40, 41, 42, 43, 40, 41, 42], [1, 99, 3, 17, 64]]
+    accepted = 0
+    for prompt in prompts:
+        plain = engine.generate(prompt, 48, GREEDY, stop_at_eog=False)
+        fast = speculator.generate(prompt, 48, GREEDY, stop_at_eog=False)
+        assert fast.generated_ids == plain.generated_ids
+        accepted += speculator.stats.accepted
+    assert accepted > 0  # drafts were kept, so the verification really ran several tokens
+
+
+def test_hybrid_draft_model_refeeds_after_rejections(model_path, tmp_path):
+    """A qwen35 draft model (other weights, same vocabulary) cannot rewind its recurrent state after its
+    drafts are rejected: it feeds the context again, so each proposal equals that of a draft model that
+    starts from scratch, and the output stays the target's greedy output."""
+    draft_path = write_gguf(tiny_hf_model(interval=2, seed=1), tmp_path / "draft.gguf")
+    target = Engine(model_path, context=256)
+    draft, fresh_draft = Engine(draft_path, context=256), Engine(draft_path, context=256)
+    params = SpeculativeParams("draft", draft_max=3)
+    proposals: list[tuple[list[int], list[int]]] = []
+
+    class Checked(DraftModelProposer):
+        def propose(self, history: Sequence[int], limit: int, sampler: Sampler) -> Draft:
+            got = super().propose(history, limit, sampler)
+            fresh = DraftModelProposer(fresh_draft, target, params).propose(history, limit, sampler)
+            proposals.append((got.tokens, fresh.tokens))
+            return got
+
+    speculator = Speculator(target, Checked(draft, target, params))
+    prompt = [1, 5, 6, 7, 5, 6, 7, 5, 6]
+    plain = target.generate(prompt, 32, GREEDY, stop_at_eog=False)
+    assert speculator.generate(prompt, 32, GREEDY, stop_at_eog=False).generated_ids == plain.generated_ids
+    assert speculator.stats.accepted < speculator.stats.drafted  # rejections happened
+    assert all(got == fresh for got, fresh in proposals)
+
+
+class ScriptedProposer:
+    """Drafts the known plain continuation but corrupts token j of step s's draft, j = s mod
+    (draft_max + 1): over the steps, rejection at every draft position and full acceptance."""
+
+    def __init__(self, prompt_len: int, plain_ids: list[int], draft_max: int):
+        self.prompt_len, self.plain, self.draft_max, self.step = prompt_len, plain_ids, draft_max, 0
+
+    def propose(self, history: Sequence[int], limit: int, sampler: Sampler) -> Draft:
+        done = len(history) - self.prompt_len
+        tokens = self.plain[done : done + min(limit, self.draft_max)]
+        reject_at = self.step % (self.draft_max + 1)
+        self.step += 1
+        if reject_at < len(tokens):
+            tokens[reject_at] = (tokens[reject_at] + 1) % 32
+        return Draft(tokens)
+
+
+def test_rejected_drafts_leave_the_state_of_plain_decoding(model_path):
+    """Drafts rejected at every position: the KV prefix and the recurrent state equal, bit for bit, a
+    run that never drafted."""
+    engine = Engine(model_path, context=128)
+    prompt, n = [1, 7, 9, 7, 9, 11, 13, 7, 9], 40
+    plain = engine.generate(prompt, n, GREEDY, stop_at_eog=False)
+    expected = state_tensors(engine, len(prompt) + n - 1)
+    poison(engine)
+    draft_max = 4
+    speculator = Speculator(engine, ScriptedProposer(len(prompt), plain.generated_ids, draft_max))
+    result = speculator.generate(prompt, n, GREEDY, stop_at_eog=False)
+    assert result.generated_ids == plain.generated_ids
+    stats = speculator.stats
+    assert stats.steps >= draft_max + 1 and 0 < stats.accepted < stats.drafted
+    actual = state_tensors(engine, len(prompt) + n - 1)
+    assert all(torch.equal(a, b) for a, b in zip(actual, expected, strict=True))
+
+
+def test_only_attention_layers_hold_kv(model_path):
+    engine = Engine(model_path, context=64)
+    lengths = [k.shape[2] for k in engine.cache.keys]
+    assert lengths == [0, 64, 0, 64]  # interval 2: layers 1 and 3 are full attention
+    assert sorted(engine.cache.recurrent.conv) == [0, 2]
+    assert not engine.rewindable
+    assert engine.model.routes()["decode_layer"] == "torch:torch-layer"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_matches_the_cpu_with_and_without_graphs(model_path):
+    """Same torch ops on the GPU; captured decode steps must advance the recurrent state once each."""
+    tokens = [(i * 37) % 128 for i in range(200)]
+    cpu = Engine(model_path, context=256).prefill(tokens, all_logits=True)
+    for graphs in (True, False):
+        engine = Engine(model_path, device="cuda", context=256, graphs=graphs)
+        steps = torch.stack([engine.decode(t, i) for i, t in enumerate(tokens)])
+        assert float((steps - cpu).abs().max()) < 1e-2  # float16 KV on GPUs (3e-3 measured on an H200)
+        assert torch.equal(steps.argmax(-1), cpu.argmax(-1))
+        # prefill products take bf16 operands on the GPU (the Triton linear route), so only near
+        prefill = engine.prefill(tokens, all_logits=True)
+        assert float((prefill.argmax(-1) == cpu.argmax(-1)).float().mean()) > 0.9
+        assert validate_prefill(engine, 256).passed
