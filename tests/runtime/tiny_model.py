@@ -11,9 +11,16 @@ VOCAB = 32
 N_EMBD, N_FF, N_LAYERS, N_HEADS, HEAD_DIM = 64, 128, 2, 4, 16
 
 
-def write_tiny_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
+def write_tiny_model(
+    path: Path,
+    arch: str = "llama",
+    seed: int = 0,
+    n_heads: int = N_HEADS,
+    n_kv_heads: int = N_HEADS // 2,
+    n_ff: int = N_FF,
+) -> Path:
     """Q8_0 matrices (so the fused CPU decode layer runs), norms of 1. gemma3 gets sliding-window
-    attention of 5 positions on every other layer."""
+    attention of 5 positions on every other layer; gemma3 and qwen3 get QK norms."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
     window = {}
@@ -23,9 +30,9 @@ def write_tiny_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
         "block_count": N_LAYERS,
         "context_length": 256,
         "embedding_length": N_EMBD,
-        "feed_forward_length": N_FF,
-        "attention.head_count": N_HEADS,
-        "attention.head_count_kv": N_HEADS // 2,
+        "feed_forward_length": n_ff,
+        "attention.head_count": n_heads,
+        "attention.head_count_kv": n_kv_heads,
         "attention.key_length": HEAD_DIM,
         "attention.value_length": HEAD_DIM,
         "vocab_size": VOCAB,
@@ -51,22 +58,23 @@ def write_tiny_model(path: Path, arch: str = "llama", seed: int = 0) -> Path:
     writer.add_tensor("token_embd.weight", rng.standard_normal((VOCAB, N_EMBD)).astype(np.float32))
     writer.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))
     writer.add_tensor("output.weight", matrix(VOCAB, N_EMBD, 0.15), raw_dtype=q8)
-    kv = N_HEADS // 2 * HEAD_DIM
+    kv = n_kv_heads * HEAD_DIM
     shapes = {
-        "attn_q": (N_HEADS * HEAD_DIM, N_EMBD),
+        "attn_q": (n_heads * HEAD_DIM, N_EMBD),
         "attn_k": (kv, N_EMBD),
         "attn_v": (kv, N_EMBD),
-        "attn_output": (N_EMBD, N_HEADS * HEAD_DIM),
-        "ffn_gate": (N_FF, N_EMBD),
-        "ffn_up": (N_FF, N_EMBD),
-        "ffn_down": (N_EMBD, N_FF),
+        "attn_output": (N_EMBD, n_heads * HEAD_DIM),
+        "ffn_gate": (n_ff, N_EMBD),
+        "ffn_up": (n_ff, N_EMBD),
+        "ffn_down": (N_EMBD, n_ff),
     }
     for layer in range(N_LAYERS):
         for name, shape in shapes.items():
             writer.add_tensor(f"blk.{layer}.{name}.weight", matrix(*shape, 0.3), raw_dtype=q8)
         norms = {"attn_norm": N_EMBD, "ffn_norm": N_EMBD}
-        if arch == "gemma3":
+        if arch in ("gemma3", "qwen3"):
             norms |= {"attn_q_norm": HEAD_DIM, "attn_k_norm": HEAD_DIM}
+        if arch == "gemma3":
             norms |= {"post_attention_norm": N_EMBD, "post_ffw_norm": N_EMBD}
         for name, size in norms.items():
             writer.add_tensor(f"blk.{layer}.{name}.weight", np.ones(size, np.float32))

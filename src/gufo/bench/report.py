@@ -75,6 +75,9 @@ def make_record(
         "test": test.name,
         **{k: run[k] for k in ("device", "device_name", "routes")},
         "graph_capture_s": run.get("graph_capture_s", 0.0),  # CUDA graph capture so far (untimed)
+        "tensor_parallel": run.get("tensor_parallel", 1),
+        # per rank, in rank order: peak RSS on the CPU, torch.cuda.max_memory_allocated on a GPU
+        **({"rank_peak_memory": run["rank_peak_memory"]} if "rank_peak_memory" in run else {}),
         **{k: build[k] for k in ("gufo_version", "torch_version", "triton_version", "machine_fingerprint")},
         **({"prefill_validation": run["prefill_validation"]} if run.get("prefill_validation") else {}),
         **(

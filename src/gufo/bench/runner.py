@@ -161,8 +161,8 @@ class BenchRunner:
             self.progress(f"prefilling depth {depth} (untimed)")
             self._prefill(self._random_tokens(depth), 0)
             self.engine.synchronize()
-            self._depths[depth] = self.engine.cache.snapshot(0, depth)
-        self.engine.cache.restore(self._depths[depth])
+            self._depths[depth] = self.engine.snapshot(0, depth)
+        self.engine.restore(self._depths[depth])
 
     def _random_tokens(self, count: int) -> list[int]:
         """`count` random ids, the first one BOS when the model adds BOS (llama-bench's rule)."""

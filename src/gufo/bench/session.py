@@ -7,8 +7,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from gufo.bench.machine import backend_label, device_name
 from gufo.bench.report import make_record, model_fields
 from gufo.bench.runner import BenchRunner, BenchTest, Progress
@@ -37,6 +35,7 @@ class BenchPlan:
     prefill_noise: tuple[int, float] | None = None  # debug hook: (layer, std), see add_prefill_noise
     speculative: SpeculativeParams | None = None  # adds speculative twins of generation tests
     draft_model: str | None = None
+    tensor_parallel: int = 1  # processes (torchrun ranks) the model is sharded over
 
     @property
     def needed_context(self) -> int:
@@ -69,7 +68,11 @@ class EngineCache:
         if name != self.name or self.engine is None:
             self.engine = None  # free the previous model before loading the next
             engine = Engine(
-                name, device=self.plan.device, context=self.plan.needed_context, graphs=self.plan.graphs
+                name,
+                device=self.plan.device,
+                context=self.plan.needed_context,
+                graphs=self.plan.graphs,
+                tensor_parallel=self.plan.tensor_parallel,
             )
             if self.plan.prefill_noise is not None:
                 add_prefill_noise(engine, *self.plan.prefill_noise)
@@ -111,7 +114,7 @@ def run_benchmarks(
         engine = engines.get(name)
         model = model_fields(engine.file)
         for n_threads, n_batch, n_ubatch in itertools.product(plan.threads, plan.batches, plan.ubatches):
-            torch.set_num_threads(n_threads)
+            engine.set_threads(n_threads)
             engine.batch_size = min(n_ubatch, n_batch)
             run_fields = {
                 "backends": backend_label(engine.device),
@@ -125,6 +128,7 @@ def run_benchmarks(
                 "device_name": device_name(engine.device),
                 "routes": engine.model.routes(),
                 "prefill_validation": validations.get(name),
+                "tensor_parallel": engine.tensor_parallel,
             }
             speculator = None
             if plan.speculative is not None:
@@ -150,4 +154,5 @@ def run_benchmarks(
                 except Exception as err:  # one line and exit 1; the rows already printed stay valid
                     raise GufoError(f"{name}: benchmark failed: {type(err).__name__}: {err}") from None
                 run_fields["graph_capture_s"] = round(engine.graph_capture_seconds, 3)
+                run_fields["rank_peak_memory"] = engine.rank_peak_memory()
                 yield make_record(build, model, run_fields, timing)

@@ -16,12 +16,14 @@ from gufo.cli.common import (
     NOISE_ENV,
     add_eager_flag,
     add_speculative_flags,
+    add_tensor_parallel_flag,
     parse_noise,
     positive_int,
     speculative_params,
 )
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import DEFAULT_MODEL
+from gufo.parallel.mirror import follow
 from gufo.quality.validate_prefill import PrefillValidation
 
 EPILOG = f"""\
@@ -119,6 +121,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "table unless both are finite with the same top-1 token. With -p 0 -n 0 it runs alone",
     )
     add_speculative_flags(parser)
+    add_tensor_parallel_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -143,6 +146,8 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
         )
     if args.delay < 0:
         raise BadInputError(f"--delay must be >= 0, got {args.delay}")
+    if args.tensor_parallel > 1 and len(names) > 1:
+        raise BadInputError(f"--tensor-parallel {args.tensor_parallel} takes one model, got {len(names)}")
     return BenchPlan(
         models=names,
         tests=tests,
@@ -158,6 +163,7 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
         prefill_noise=parse_noise(),
         speculative=speculative,
         draft_model=args.draft_model,
+        tensor_parallel=args.tensor_parallel,
     )
 
 
@@ -175,8 +181,12 @@ def print_validation(result: PrefillValidation) -> None:
 def run(args: argparse.Namespace) -> int:
     plan = make_plan(args)
     preflight(plan)
-    progress = progress_callback(args)
     engines = EngineCache(plan)
+    if plan.tensor_parallel > 1:  # every rank joins (or is refused) before anything prints
+        engine = engines.get(plan.models[0])
+        if engine.follows:  # rank 0 benchmarks and prints; the others run its steps
+            return follow(engine)
+    progress = progress_callback(args)
     validations = run_validations(plan, engines, print_validation, progress)
     if not plan.tests:
         return 0

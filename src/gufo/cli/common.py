@@ -80,6 +80,22 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     add_eager_flag(parser)
 
 
+TENSOR_PARALLEL_HELP = (
+    "shard the model over N processes (Megatron-style: attention by KV-head group, FFN, vocabulary). "
+    "Launch with torchrun, one process per GPU with --device cuda (NCCL/RCCL) or on the CPU (gloo): "
+    "python -m torch.distributed.run --standalone --nproc-per-node N -m gufo.cli.main COMMAND -tp N ...; "
+    "several hosts: --nnodes H --node-rank I --rdzv-backend c10d --rdzv-endpoint HOST:PORT with "
+    "--nproc-per-node GPUs per host (N = H x GPUs). Rank 0 prints "
+    "and serves; a model whose heads or quantized blocks do not split N ways is refused (default 1)"
+)
+
+
+def add_tensor_parallel_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-tp", "--tensor-parallel", type=positive_int, default=1, metavar="N", help=TENSOR_PARALLEL_HELP
+    )
+
+
 def add_eager_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eager",
@@ -199,6 +215,7 @@ def make_engine(args: argparse.Namespace, n_slots: int = 1):
         batch_size=args.batch_size,
         threads=args.threads,
         graphs=not args.eager,
+        tensor_parallel=getattr(args, "tensor_parallel", 1),
     )
 
 

@@ -10,12 +10,14 @@ from gufo.cli.common import (
     add_engine_flags,
     add_sampling_flags,
     add_speculative_flags,
+    add_tensor_parallel_flag,
     make_engine,
     non_negative_int,
     sampling_params,
     speculative_params,
 )
 from gufo.errors import BadInputError
+from gufo.parallel.mirror import follow
 from gufo.runtime.speculative import make_speculator
 from gufo.runtime.trace import token_trace_line
 
@@ -28,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "generation tokens per second) goes to stderr.",
     )
     add_engine_flags(parser)
+    add_tensor_parallel_flag(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("-p", "--prompt", help="prompt text (BOS is added when the model asks)")
     source.add_argument("-f", "--file", type=Path, help="read the prompt text from this file")
@@ -68,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     speculative = speculative_params(args)
     engine = make_engine(args)
+    if engine.follows:  # tensor-parallel rank > 0: run rank 0's steps, print nothing
+        return follow(engine)
     speculator = make_speculator(engine, speculative, args.draft_model) if speculative else None
     tok = engine.tokenizer
     prompt_ids = tok.encode(read_prompt(args), add_special=True, parse_special=not args.no_special)

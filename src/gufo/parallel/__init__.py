@@ -1,0 +1,1 @@
+"""Tensor parallelism on torch.distributed: launch checks, shard rules, leader/follower mirroring."""

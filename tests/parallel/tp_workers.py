@@ -1,0 +1,76 @@
+"""Process bodies for the tensor-parallel tests: each rank (or the single process) runs a prefill then
+greedy decode steps through the model directly, on a chosen kernel backend, and rank 0 saves its logits."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def greedy_logits(
+    path: Path, backend: str, prompt: list[int], steps: int, tp=None
+) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+    """Prefill logits of every prompt token, then `steps` greedy decode steps: (prefill, decode, ids)."""
+    from gufo.gguf.model_file import open_model_file
+    from gufo.kernels import backends  # noqa: F401  (registers kernels)
+    from gufo.models.registry import build_model
+
+    model = build_model(open_model_file(path), backend, tp)
+    cache = model.new_cache(1, len(prompt) + steps + 1)
+    with torch.inference_mode():
+        prefill = model.forward(torch.tensor(prompt), cache, 0, 0, all_logits=True)
+        logits, decoded, ids = prefill[-1], [], []
+        for step in range(steps):
+            ids.append(int(logits.argmax()))
+            logits = model.forward(torch.tensor(ids[-1:]), cache, 0, len(prompt) + step)[-1]
+            decoded.append(logits)
+    return prefill, decoded, ids
+
+
+def rank_main(rank: int, world: int, port: int, path: str, backend: str, prompt, steps, out: str) -> None:
+    """torch.multiprocessing.spawn target: join a gloo group of `world` ranks, rank 0 saves the result."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)  # 2 shared cores: one thread per rank
+    from gufo.parallel.process_group import start
+
+    tp = start(world, "cpu")
+    try:
+        result = greedy_logits(Path(path), backend, prompt, steps, tp)
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        tp.close()
+
+
+def run_ranks(world: int, path: Path, backend: str, prompt: list[int], steps: int, out: Path):
+    """`greedy_logits` on `world` spawned gloo ranks; rank 0's result. Fails after TIMEOUT_S."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    args = (world, free_port(), str(path), backend, prompt, steps, str(out))
+    context = mp.start_processes(rank_main, args=args, nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            raise TimeoutError(f"{world} tensor-parallel ranks did not finish in {TIMEOUT_S} s")
+    return torch.load(out)
