@@ -6,8 +6,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from gufo.cli.common import add_engine_flags, make_engine, non_negative_int, positive_float, positive_int
+from gufo.cli.common import (
+    add_engine_flags,
+    add_speculative_flags,
+    add_tensor_parallel_flag,
+    make_engine,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    speculative_params,
+)
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL, resolve_model
+from gufo.gguf.model_file import open_model_file
+from gufo.parallel.mirror import follow
+from gufo.parallel.model import preflight
+from gufo.parallel.process_group import launched_rank
+from gufo.runtime.speculative import check_draft_model
 from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
 from gufo.server.settings import ServerSettings
 
@@ -15,9 +29,13 @@ DEFAULTS = ServerSettings(model_id="")
 
 EPILOG = """\
 Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health (503 while
-the model loads), GET /metrics (Prometheus text). Errors use OpenAI's error object. Request extensions:
+the model loads), GET /metrics (Prometheus text; with --speculative, gufo_draft_tokens_total and
+gufo_draft_tokens_accepted_total count drafts). Errors use OpenAI's error object. Request extensions:
 top_k, min_p, repeat_penalty (llama.cpp sampling), stop_token_ids, cache_prompt=false (no prefix reuse).
-Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms)."""
+Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms; with
+speculation also draft_n and draft_n_accepted).
+With --speculative each request drafts and verifies in its own slot (a draft model gets as many slots
+as --sessions): greedy output equals plain serving, sampled output keeps the model's distribution."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_engine_flags(parser)
+    add_tensor_parallel_flag(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument(
         "--port", type=non_negative_int, default=8080, help="TCP port (default 8080; 0 picks a free one)"
@@ -80,6 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"prompt tokens prefilled per scheduler step, between decode steps "
         f"(default {DEFAULT_PREFILL_CHUNK})",
     )
+    add_speculative_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -92,6 +112,9 @@ def model_id(args: argparse.Namespace, path: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)  # a bad -m is one line and exit 2 before anything listens
+    speculative = speculative_params(args)  # so are bad speculative flags and a mismatched draft model
+    if speculative is not None and speculative.mode == "draft":
+        check_draft_model(open_model_file(path), args.draft_model)
     settings = ServerSettings(
         model_id=model_id(args, path),
         max_tokens=args.max_tokens,
@@ -100,7 +123,13 @@ def run(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout,
         api_key=args.api_key,
         prefill_chunk=args.prefill_chunk,
+        speculative=speculative,
+        draft_model=args.draft_model,
     )
+    if args.tensor_parallel > 1:
+        preflight(open_model_file(path), args.tensor_parallel)  # refused before anything listens
+        if launched_rank() != 0:  # only rank 0 listens; the others run its steps
+            return follow(make_engine(args, n_slots=args.sessions))
     from gufo.server.app import listen, serve  # the ASGI stack loads only when serving
 
     sock = listen(args.host, args.port)

@@ -10,12 +10,15 @@ with probability min(1, p/q) and a rejection draws from normalised max(p - q, 0)
 
 Rollback: the KV cache is positional per slot and attention reads only up to the current position,
 so rejected drafts are undone by not advancing the position; their entries are overwritten later.
+Recurrent layers (hybrid models) cannot be rewound so: `decode_tokens` checkpoints their state after
+each token and `Engine.keep_tokens` puts back the one after the last kept token (cheaper than running
+the kept tokens again, which costs a full model pass per token; a checkpoint copies the state only).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -133,13 +136,13 @@ def _vocabulary_difference(target: ModelFile, draft: ModelFile) -> str | None:
 
 
 class DraftModelProposer:
-    """A smaller model with the same vocabulary drafts autoregressively; its KV cache keeps the longest
-    prefix it shares with the context, so each proposal feeds only what changed."""
+    """A smaller model with the same vocabulary drafts autoregressively in its own KV slot, which keeps
+    the longest prefix it shares with the context, so each proposal feeds only what changed."""
 
-    def __init__(self, draft: Engine, target: Engine, params: SpeculativeParams):
+    def __init__(self, draft: Engine, target: Engine, params: SpeculativeParams, slot: int = 0):
         check_same_vocabulary(target.file, draft.file)
-        self.engine, self.params = draft, params
-        self.fed: list[int] = []  # tokens whose keys and values are in the draft's cache, in order
+        self.engine, self.params, self.slot = draft, params, slot
+        self.fed: list[int] = []  # tokens whose keys and values are in the draft's slot, in order
 
     def propose(self, history: Sequence[int], limit: int, sampler: Sampler) -> Draft:
         limit = min(limit, self.params.draft_max, self.engine.context - len(history))
@@ -151,7 +154,10 @@ class DraftModelProposer:
                 break
             shared += 1
         shared = min(shared, len(history) - 1)  # feed at least one token to get logits
-        logits = self.engine.prefill(history[shared:], start=shared)
+        if shared < len(self.fed) and not self.engine.rewindable:
+            shared = 0  # a recurrent state cannot go back: feed the context again
+        del self.fed[shared:]  # what follows is overwritten now; a failing pass must not leave it claimed
+        logits = self.engine.prefill(history[shared:], self.slot, start=shared)
         self.fed = list(history)
         context = list(history)
         draft = Draft(probs=None if sampler.params.greedy else [])
@@ -166,7 +172,7 @@ class DraftModelProposer:
             context.append(token)
             if len(draft.tokens) == limit:
                 break
-            logits = self.engine.decode(token, len(context) - 1)
+            logits = self.engine.decode(token, len(context) - 1, self.slot)
             self.fed.append(token)
         return draft
 
@@ -191,12 +197,46 @@ def accept_or_resample(
     return int(torch.multinomial(residual / total, 1, generator=generator)), False
 
 
+def verify(
+    rows: torch.Tensor, draft: Draft, sampler: Sampler, history: list[int], stats: SpeculativeStats
+) -> Iterator[int]:
+    """The tokens of one verification pass, the i-th from rows[i]: each kept draft, then the target's
+    own choice where a draft is rejected, or one more from the last row when all are kept. The caller
+    appends each token to `history` before taking the next (penalties must see it) and stops taking
+    when generation ends."""
+    stats.steps += 1
+    stats.drafted += len(draft.tokens)
+    for index, drafted in enumerate(draft.tokens):
+        if sampler.params.greedy:
+            token = sampler(rows[index], history)
+            kept = token == drafted
+        else:
+            p = sampler.probabilities(rows[index], history)
+            q = None if draft.probs is None else draft.probs[index]
+            token, kept = accept_or_resample(p, q, drafted, sampler.generator)
+        stats.accepted += kept
+        yield token
+        if not kept:
+            return
+    yield sampler(rows[len(draft.tokens)], history)
+
+
 class Speculator:
     """Generation with speculation on one engine slot; same interface as `Engine.generate`."""
 
     def __init__(self, engine: Engine, proposer: Proposer):
         self.engine, self.proposer = engine, proposer
         self.stats = SpeculativeStats()
+
+    def step(
+        self, history: list[int], wanted: int, sampler: Sampler, slot: int, stats: SpeculativeStats
+    ) -> tuple[torch.Tensor, Iterator[int]]:
+        """Draft after `history`, whose last token is sampled but not yet in the cache, and verify the
+        draft in one target pass: the target's rows and the tokens they give (see `verify`). At most
+        `wanted` tokens are still wanted, so the draft is one shorter: keeping it all adds one more."""
+        draft = self.proposer.propose(history, wanted - 1, sampler)
+        rows = self.engine.decode_tokens([history[-1], *draft.tokens], len(history) - 1, slot)
+        return rows, verify(rows, draft, sampler, history, stats)
 
     def generate(
         self,
@@ -227,36 +267,44 @@ class Speculator:
 
         done = max_tokens == 0 or emit(sampler(logits, history))
         while not done:
-            # history[-1] is sampled but not yet in the cache; it and the drafts run in one pass
-            position = len(history) - 1
-            # at most one token fewer than still wanted: keeping them all adds one more from the last row
-            draft = self.proposer.propose(history, max_tokens - len(out) - 1, sampler)
-            rows = engine.decode_tokens([history[-1], *draft.tokens], position, slot)
-            stats.steps += 1
-            stats.drafted += len(draft.tokens)
-            for index, drafted in enumerate(draft.tokens):
-                if params.greedy:
-                    token = sampler(rows[index], history)
-                    kept = token == drafted
-                else:
-                    p = sampler.probabilities(rows[index], history)
-                    q = None if draft.probs is None else draft.probs[index]
-                    token, kept = accept_or_resample(p, q, drafted, sampler.generator)
-                stats.accepted += kept
+            _, tokens = self.step(history, max_tokens - len(out), sampler, slot, stats)
+            used = 0  # tokens of the pass whose results stay in the cache
+            for token in tokens:
+                used += 1
                 done = emit(token)
-                if done or not kept:
+                if done:
                     break
-            else:  # every draft kept: the last row gives one more token for free
-                done = emit(sampler(rows[len(draft.tokens)], history))
+            engine.keep_tokens(slot, used)
         result.generation_seconds = time.perf_counter() - started
         return result
 
 
-def make_speculator(engine: Engine, params: SpeculativeParams, draft_model: str | None = None) -> Speculator:
-    if params.mode == "ngram":
-        return Speculator(engine, NgramProposer(params))
+def check_draft_model(target: ModelFile, draft_model: str | None) -> None:
+    """The draft model exists and shares the target's vocabulary: checked before anything loads."""
     if draft_model is None:
         raise BadInputError("--speculative draft needs --draft-model MODEL")
-    check_same_vocabulary(engine.file, open_model_file(resolve_model(draft_model)))  # before loading it
-    draft = Engine(draft_model, device=engine.device, context=engine.context, batch_size=engine.batch_size)
-    return Speculator(engine, DraftModelProposer(draft, engine, params))
+    check_same_vocabulary(target, open_model_file(resolve_model(draft_model)))
+
+
+def make_speculators(
+    engine: Engine, params: SpeculativeParams, draft_model: str | None = None
+) -> list[Speculator]:
+    """One Speculator per KV slot of `engine`, each with its own proposer state; a draft model gets
+    as many slots, slot i drafting for the target's slot i."""
+    n_slots = engine.cache.n_slots
+    if params.mode == "ngram":
+        return [Speculator(engine, NgramProposer(params)) for _ in range(n_slots)]
+    check_draft_model(engine.file, draft_model)
+    draft = Engine(
+        draft_model,
+        device=engine.device,
+        context=engine.context,
+        n_slots=n_slots,
+        batch_size=engine.batch_size,
+    )
+    return [Speculator(engine, DraftModelProposer(draft, engine, params, slot)) for slot in range(n_slots)]
+
+
+def make_speculator(engine: Engine, params: SpeculativeParams, draft_model: str | None = None) -> Speculator:
+    """For generation on slot 0 of a one-slot engine (the CLI's)."""
+    return make_speculators(engine, params, draft_model)[0]

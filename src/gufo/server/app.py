@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gufo import __version__
 from gufo.errors import BadInputError, GufoError
 from gufo.runtime.engine import Engine
+from gufo.runtime.speculative import make_speculators
 from gufo.server.metrics import Metrics
 from gufo.server.scheduler import (
     FinishEvent,
@@ -244,6 +245,7 @@ class Generation:
             "predicted_n": len(self.tokens),
             "predicted_ms": predicted_s * 1e3,
             "predicted_per_second": (len(self.tokens) - 1) / predicted_s if predicted_s > 0 else 0.0,
+            **({"draft_n": job.drafted, "draft_n_accepted": job.accepted} if job.drafted else {}),
         }
 
 
@@ -282,7 +284,13 @@ def create_app(
     def load_model() -> None:
         try:
             engine = load()
-            scheduler = Scheduler(engine, state.metrics, settings.max_pending, settings.prefill_chunk)
+            speculative = settings.speculative
+            speculators = (
+                None if speculative is None else make_speculators(engine, speculative, settings.draft_model)
+            )
+            scheduler = Scheduler(
+                engine, state.metrics, settings.max_pending, settings.prefill_chunk, speculators
+            )
             scheduler.start()
             state.runtime = Runtime(engine, scheduler)
             log.info("model %s loaded", settings.model_id)

@@ -43,6 +43,8 @@ class Metrics:
         self.cached_tokens = 0
         self.generated_tokens = 0
         self.finished: dict[str, int] = {}
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
 
@@ -63,6 +65,11 @@ class Metrics:
                 self.ttft.observe(ttft)
             if itl is not None:
                 self.itl.observe(itl)
+
+    def speculated(self, drafted: int, accepted: int) -> None:
+        with self._lock:
+            self.drafted_tokens += drafted
+            self.accepted_tokens += accepted
 
     def finish(self, reason: str) -> None:
         with self._lock:
@@ -98,6 +105,8 @@ class Metrics:
                 ("gufo_prompt_tokens_total", self.prompt_tokens, "Prompt tokens of admitted requests."),
                 ("gufo_cached_tokens_total", self.cached_tokens, "Prompt tokens reused from a slot's KV."),
                 ("gufo_generated_tokens_total", self.generated_tokens, "Tokens sampled."),
+                ("gufo_draft_tokens_total", self.drafted_tokens, "Speculative draft tokens verified."),
+                ("gufo_draft_tokens_accepted_total", self.accepted_tokens, "Draft tokens kept."),
             ):
                 family(name, "counter", text, [f"{name} {value}"])
             family(

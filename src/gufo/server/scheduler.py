@@ -4,6 +4,10 @@ The engine is not thread-safe, so one worker thread owns it. Each step it drops 
 admits waiting ones into free slots, runs one prefill chunk (so a long prompt does not stall the
 running streams) and then one batched decode step for every job that has a token to feed. Tokens go
 back to the request handlers through their asyncio queues.
+
+With speculation each decoding job instead runs its slot's Speculator: a draft after its context and
+one verification pass of the pending token and the draft, whose tokens are posted one by one until
+the job ends (end-of-generation, a stop id or max_tokens), so nothing past its end is ever posted.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from gufo.runtime.engine import Engine
 from gufo.runtime.sampling import Sampler, SamplingParams
+from gufo.runtime.speculative import SpeculativeStats, Speculator
 from gufo.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -67,6 +72,8 @@ class Job:
     prefilled: int = 0
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
+    drafted: int = 0  # speculative draft tokens verified for this job, and how many were kept
+    accepted: int = 0
 
     @property
     def prompt_seconds(self) -> float:
@@ -92,8 +99,11 @@ class Scheduler:
         metrics: Metrics,
         max_pending: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        speculators: list[Speculator] | None = None,
     ):
+        """`speculators`: one per KV slot (its proposer state belongs to that slot), or None."""
         self.engine = engine
+        self.speculators = speculators
         self.metrics = metrics
         self.max_pending = max_pending
         self.prefill_chunk = prefill_chunk
@@ -175,6 +185,8 @@ class Scheduler:
                 slot = max(free, key=lambda s: common_prefix(self.slot_tokens[s], prompt))
                 # At least the last prompt token is evaluated: its logits give the first token.
                 reused = min(common_prefix(self.slot_tokens[slot], prompt), len(prompt) - 1)
+                if reused < len(self.slot_tokens[slot]) and not self.engine.rewindable:
+                    reused = 0  # a recurrent state only continues the whole sequence it holds
             else:  # leave the most valuable cached prefixes to other requests
                 slot = min(free, key=lambda s: len(self.slot_tokens[s]))
                 reused = 0
@@ -192,7 +204,10 @@ class Scheduler:
         prefilling = next((j for j in jobs if not j.generated), None)
         if prefilling is not None:
             self._prefill_chunk(prefilling)
-        if decoding:
+        if self.speculators is not None:
+            for job in decoding:
+                self._speculate(job)
+        elif decoding:
             logits = self.engine.decode_batch(
                 [j.generated[-1] for j in decoding],
                 [len(j.prompt_ids) + len(j.generated) - 1 for j in decoding],
@@ -210,8 +225,33 @@ class Scheduler:
         if job.prefilled == len(job.prompt_ids):
             self._sample(job, logits)
 
+    def _speculate(self, job: Job) -> None:
+        """One verification pass of the job's pending token and a draft; its tokens are posted until the
+        job ends. The cache then holds every posted token but the last (kept drafts were computed)."""
+        history = job.prompt_ids + job.generated
+        stats = SpeculativeStats()
+        speculator = self.speculators[job.slot]
+        rows, tokens = speculator.step(
+            history, job.max_tokens - len(job.generated), job.sampler, job.slot, stats
+        )
+        self.slot_tokens[job.slot].append(history[-1])
+        posted: list[int] = []
+        for index, token in enumerate(tokens):
+            history.append(token)
+            posted.append(token)
+            if self._post(job, token, rows[index]):
+                break
+        self.slot_tokens[job.slot].extend(posted[:-1])
+        self.engine.keep_tokens(job.slot, len(posted))
+        job.drafted += stats.drafted
+        job.accepted += stats.accepted
+        self.metrics.speculated(stats.drafted, stats.accepted)
+
     def _sample(self, job: Job, logits: torch.Tensor) -> None:
-        token = job.sampler(logits, job.prompt_ids + job.generated)
+        self._post(job, job.sampler(logits, job.prompt_ids + job.generated), logits)
+
+    def _post(self, job: Job, token: int, logits: torch.Tensor) -> bool:
+        """Send a token (sampled from `logits`) to the job's handler; True when the job ends with it."""
         now = time.perf_counter()
         event = TokenEvent(token, now)
         if job.top_logprobs is not None:
@@ -232,6 +272,9 @@ class Scheduler:
             self._finish(job, FinishEvent("stop"))
         elif len(job.generated) >= job.max_tokens:
             self._finish(job, FinishEvent("length"))
+        else:
+            return False
+        return True
 
     def _finish(self, job: Job, event: FinishEvent) -> None:
         self._release(job)

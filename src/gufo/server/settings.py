@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gufo.runtime.speculative import SpeculativeParams
 from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
 
 
@@ -16,3 +17,5 @@ class ServerSettings:
     request_timeout: float | None = None
     api_key: str | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    speculative: SpeculativeParams | None = None  # None: plain decoding
+    draft_model: str | None = None  # with speculative mode "draft"
