@@ -1,24 +1,18 @@
-"""The Triton skinny-product kernels against the torch reference, run by the Triton interpreter on CPU.
-
-`triton.jit` (triton.language's own helpers included) chooses the interpreter when a function is
-decorated, i.e. when triton is first imported, and any earlier test may already have imported it
-compiled. So the kernel checks run in one worker subprocess started with TRITON_INTERPRET=1 (this
-file run as a script), and each case is reported here as its own test.
-"""
+"""The Triton skinny-product kernels against the torch reference, run by the Triton interpreter on CPU
+(in a worker subprocess: see triton_interpreter.py), and on real shapes on a GPU when there is one."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import traceback
 from collections.abc import Callable
 
 import gguf
 import numpy as np
 import pytest
 import torch
+from triton_interpreter import run_cases, worker_results
 
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels import registry
@@ -39,6 +33,8 @@ HALF_OFFSETS = {
 ROWS = 11  # not a multiple of any BLOCK_N (2..32): every kernel sees a tail tile
 FLOAT32_REL = 1e-5  # error bound relative to |x| @ |W|^T: float32 rounding of K <= 512 products
 HALF_REL = {torch.float16: 2.0**-9, torch.bfloat16: 2.0**-7}  # + weights rounded to the input dtype
+# prefill with float weights multiplies in the weight's precision (activations rounded to it)
+FLOAT_PREFILL_REL = {Q.F32: FLOAT32_REL, Q.F16: HALF_REL[torch.float16], Q.BF16: HALF_REL[torch.bfloat16]}
 
 
 def columns(qtype: gguf.GGMLQuantizationType) -> int:
@@ -90,8 +86,8 @@ def check_against_reference(
     info = random_tensor(qtype)
     x = activations(m, info.shape[1], dtype)
     rel = FLOAT32_REL if dtype == torch.float32 else HALF_REL[dtype]
-    if m > gemv.MAX_BLOCK_M:  # the prefill path multiplies bf16 operands whatever the input dtype
-        rel = HALF_REL[torch.bfloat16]
+    if m > gemv.MAX_BLOCK_M:  # the prefill path's operands: bf16 for block formats, float weights' own
+        rel = FLOAT_PREFILL_REL.get(qtype, HALF_REL[torch.bfloat16])
     check(gemv.TritonLinear.apply(x, gemv.TritonLinear.prepare(info)), x, info, rel)
 
 
@@ -112,6 +108,21 @@ def check_leading_dims_and_empty_input() -> None:
     assert gemv.TritonLinear.apply(x[:0], weight).shape == (0, 3, ROWS)
 
 
+def check_dequantize(qtype: gguf.GGMLQuantizationType, rows: int = ROWS, cols: int | None = None) -> None:
+    """The prefill path's dequant kernel against the `gguf` package's numpy dequantizer."""
+    info = random_tensor(qtype, rows, cols)
+    want = torch.from_numpy(gguf.quants.dequantize(info.data, qtype).astype(np.float32))
+    weight = gemv.TritonLinear.prepare(info, None if torch.cuda.is_available() else torch.device("cpu"))
+    got = gemv.dequantize_weight(weight, torch.float32).cpu()
+    assert got.shape == want.shape == info.shape, (got.shape, want.shape)
+    torch.testing.assert_close(got, want.reshape(info.shape), rtol=1e-6, atol=1e-30)
+    half = gemv.dequantize_weight(weight, torch.bfloat16).cpu().float()
+    if torch.cuda.is_available():  # compiled: round to nearest even, like torch
+        assert torch.equal(half, got.to(torch.bfloat16).float())
+    else:  # the interpreter's bf16 conversion may truncate: within one bf16 step
+        torch.testing.assert_close(half, got, rtol=2.0**-7, atol=1e-30)
+
+
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases: dict[str, Callable[[], None]] = {}
     for qtype in QTYPES:  # every format and row count (M > 16 takes two row tiles)
@@ -126,48 +137,15 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
                 cases[name] = lambda q=qtype, m=m, d=dtype: check_against_reference(q, m, d)
     for qtype in (Q.Q4_0, Q.Q8_0, Q.Q5_K, Q.F16):
         cases[f"split_k-{qtype.name}"] = lambda q=qtype: check_split_k(q)
+    for qtype in QTYPES:
+        cases[f"dequant-{qtype.name}"] = lambda q=qtype: check_dequantize(q)
     cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
     return cases
 
 
-def fix_interpreter_loop_bounds() -> None:
-    """Triton 3.6's interpreter turns loop bounds into ints with int(1-element array), a TypeError since
-    numpy 2.4 (triton-lang/triton#9171, fixed upstream by #9172): convert with .item() instead."""
-    from triton.runtime import interpreter
-
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None:
-        return
-
-    def patched(tensor, scope) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    interpreter._patch_lang_tensor = patched
-
-
-def run_interpreter_cases() -> dict[str, str | None]:
-    """Worker side: every case's failure (traceback text) or None."""
-    fix_interpreter_loop_bounds()
-    results: dict[str, str | None] = {}
-    for name, case in interpreter_cases().items():
-        try:
-            case()
-            results[name] = None
-        except Exception:
-            results[name] = traceback.format_exc(limit=-4)
-    return results
-
-
 @pytest.fixture(scope="session")
 def interpreter_results() -> dict[str, str | None]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"the interpreter worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.splitlines()[-1])
+    return worker_results(__file__)
 
 
 @pytest.mark.parametrize("case", list(interpreter_cases()))
@@ -208,7 +186,7 @@ def test_package_imports_without_triton():
 
 
 if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set before importing triton)
-    print(json.dumps(run_interpreter_cases()))
+    print(json.dumps(run_cases(interpreter_cases())))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,5 +205,12 @@ def test_gpu_real_shapes(qtype, m):
     for dtype in (torch.float32, torch.bfloat16):
         x = activations(m, 4096, dtype)
         y = gemv.TritonLinear.apply(x.cuda(), weight).cpu()
-        prefill = m > gemv.MAX_BLOCK_M  # bf16 operands whatever the input dtype
-        check(y, x, info, GPU_REL[torch.bfloat16 if prefill else dtype])
+        prefill = m > gemv.MAX_BLOCK_M  # bf16 operands for block formats, float weights' own dtype
+        operands = gemv.FLOAT_PREFILL_DTYPES.get(qtype, gemv.PREFILL_DTYPE) if prefill else dtype
+        check(y, x, info, max(GPU_REL[operands], GPU_REL[dtype]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_gpu_dequantize_real_shape(qtype):
+    check_dequantize(qtype, rows=4096 + 1000, cols=4096)

@@ -61,3 +61,16 @@ def test_graph_replay_equals_eager_decode(synth_model):
         got = graphed.decode(token, len(prompt) + offset, slot=1)
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), offset
     assert graphed.graph_capture_seconds > 0 and len(graphed.graph_decoder.graphs) == 2
+
+
+def test_speculative_verification_is_bit_identical(synth_model):
+    """Drafted tokens verified in one pass give exactly the graph-replayed one-token steps' logits
+    (greedy speculation cannot change the output), across a 256-entry span boundary."""
+    engine = Engine(synth_model, device="cuda", context=600)
+    prompt = list(range(300, 550))
+    engine.prefill(prompt)
+    drafted = [5, 9, 13, 17, 21, 25, 29, 33, 37, 41]  # positions 250..259
+    assert engine.batch_invariant_decode
+    verified = engine.decode_tokens(drafted, len(prompt))
+    for i, token in enumerate(drafted):
+        assert torch.equal(verified[i], engine.decode(token, len(prompt) + i)), i

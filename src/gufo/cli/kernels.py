@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gufo.errors import BadInputError
-from gufo.kernres import checker, report
+from gufo.kernres import checker, own, report
 from gufo.kernres.loader import read_paths
 from gufo.kernres.model import Kernel
 
@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "kernels",
         help="report per-kernel registers, scratch, spills, LDS and occupancy of GPU binaries",
         description="Read AMD code objects (raw, bundled, compressed, in host ELF/PE files), NVIDIA cubins "
-        "and fatbins, and Triton cache directories; no GPU needed.",
+        "and fatbins, and Triton cache directories; no GPU needed. `own` compiles gufo's own Triton kernels "
+        "for GPU targets on the CPU and reports (or checks) them.",
     )
     sub = parser.add_subparsers(dest="kernels_command", metavar="MODE")
     sub.required = True
@@ -51,6 +52,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("new", metavar="NEW", help="the new build")
     p.add_argument("--base", required=True, metavar="OLD", help="the build to compare against")
     p.add_argument("--strict", action="store_true", help="exit 1 if any kernel got worse at all")
+    _common(p)
+
+    p = _mode(sub, "own", _own, "compile gufo's Triton kernels for GPU targets on the CPU and report them",
+              "Compile every Triton kernel of gufo in each configuration the engine launches, for each "
+              "--target, on the CPU (no GPU); then report, check (--baseline) or write (--write) an "
+              "allowance.")  # fmt: skip
+    p.add_argument("--target", action="append", required=True, metavar="T",
+                   help="gfx1151, gfx1100, gfx942, sm_80 or sm_90 (repeat for several)")  # fmt: skip
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--baseline", metavar="ALLOW.json", help="exit 1 if a kernel exceeds this allowance")
+    what.add_argument("--write", metavar="ALLOW.json", help="write an allowance file (needs --note)")
+    p.add_argument("--note", metavar="TEXT", help="with --write: why this baseline (Triton version, commit)")
+    p.add_argument("--keep", metavar="DIR", help="compile into DIR and keep it (a Triton cache; reused)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="compile in N processes (default 1)")
     _common(p)
 
 
@@ -104,12 +119,39 @@ def _baseline(args: argparse.Namespace) -> int:
     if args.default < 0:
         raise BadInputError(f"--default: {args.default} is negative")
     doc = checker.make_allowance(_load([args.file], args), args.note, args.default)
+    return _write_allowance(doc, args.write)
+
+
+def _write_allowance(doc: dict, path: str) -> int:
     try:
-        Path(args.write).write_text(json.dumps(doc, indent=2) + "\n")
+        Path(path).write_text(json.dumps(doc, indent=2) + "\n")
     except OSError as err:
-        raise BadInputError(f"{args.write}: cannot write: {err.strerror or err}") from None
-    print(f"wrote {args.write}: {len(doc['kernels'])} kernel(s)")
+        raise BadInputError(f"{path}: cannot write: {err.strerror or err}") from None
+    print(f"wrote {path}: {len(doc['kernels'])} kernel(s)")
     return 0
+
+
+def _own(args: argparse.Namespace) -> int:
+    if args.write and not args.note:
+        raise BadInputError("--write needs --note TEXT (why this baseline)")
+    if args.block_size is not None and not 1 <= args.block_size <= 1024:
+        raise BadInputError(f"--block-size: {args.block_size} is not in 1..1024")
+    kernels, warnings = own.own_kernels(args.target, args.keep, args.jobs, args.block_size, _progress)
+    for w in warnings:
+        print(f"gufo: note: {w}", file=sys.stderr)
+    if args.write:
+        return _write_allowance(checker.make_allowance(kernels, args.note), args.write)
+    if args.baseline:
+        result = checker.check(kernels, own.allowance_for(checker.load_allowance(args.baseline), kernels))
+        print(json.dumps(result.to_dict(), indent=2) if args.json else report.check_text(result))
+        return 0 if result.ok else 1
+    table = report.kernel_table(kernels, files=False)  # one folder per kernel: the JSON has them
+    print(json.dumps([k.to_dict() for k in kernels], indent=2) if args.json else table)
+    return 0
+
+
+def _progress(done: int, total: int, target: str, name: str) -> None:
+    print(f"[{done}/{total}] {target} {name}", file=sys.stderr, flush=True)
 
 
 def _compare(args: argparse.Namespace) -> int:

@@ -7,7 +7,16 @@ import torch
 from gufo.errors import BadInputError
 
 # Importing these modules registers their kernels.
-from gufo.kernels import cpu_int8, decode, linear_reference, norm  # noqa: F401
+from gufo.kernels import (  # noqa: F401
+    attention,
+    causal_conv,
+    cpu_int8,
+    decode,
+    delta_rule,
+    linear_reference,
+    norm,
+    pointwise,
+)
 
 
 def select(device: str) -> str:
@@ -37,3 +46,9 @@ def device_of(backend: str) -> torch.device:
     if backend == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def cache_dtype(backend: str) -> torch.dtype:
+    """KV cache element type: float16 on GPUs (llama.cpp's default; halves the attention reads that
+    bound decode at depth), float32 on the CPU (what the fused CPU decode layer reads)."""
+    return torch.float16 if backend == "cuda" else torch.float32

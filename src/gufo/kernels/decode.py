@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gufo.errors import BadInputError
+from gufo.kernels.attention import TokenPositions
 from gufo.kernels.cpu_int8 import CpuInt8Linear, Int8Weight, library
 from gufo.kernels.registry import REFERENCE_BACKEND, register
 
@@ -47,6 +48,33 @@ class ReferenceDecodeLayer:
         slot: int,
         start_pos: int,
     ) -> torch.Tensor:
+        return plan[index](x, rope_tables, cache, index, slot, start_pos)
+
+
+@register("cuda", "decode_layer")
+class DeviceDecodeLayer(ReferenceDecodeLayer):
+    """GPUs: the torch layer on the backend's kernels, batch-invariant up to `max_tokens` tokens: the
+    products of up to 16 rows run the skinny kernels with each row's M = 1 arithmetic, the norms,
+    RoPE and activation are row-wise kernels, and each token attends through the one-token op over
+    the span its own decode step reads (TokenPositions), so speculative verification gives the
+    graph-replayed decode steps' logits bit for bit."""
+
+    name = "torch-layer-per-token"
+    batch_invariant = True
+    max_tokens = 16  # the skinny products' row limit (gufo.kernels.triton.gemv.MAX_BLOCK_M)
+
+    @staticmethod
+    def apply(
+        plan: list[DecoderLayer],
+        index: int,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        slot: int,
+        start_pos: int,
+    ) -> torch.Tensor:
+        if isinstance(start_pos, int) and x.shape[0] > 1:
+            start_pos = TokenPositions(start_pos)
         return plan[index](x, rope_tables, cache, index, slot, start_pos)
 
 
@@ -138,10 +166,14 @@ class CpuDecodeLayer:
     @staticmethod
     def prepare(layers: list[DecoderLayer]) -> CpuDecodePlan | None:
         """The C structs of every layer over shared scratch; None when a layer has a product this kernel
-        cannot run (a float or unsupported weight) or an activation it does not know."""
+        cannot run (a float or unsupported weight), an activation it does not know, or a collective
+        between its products (a tensor-parallel shard: the torch layer runs it per rank)."""
         for layer in layers:
             if layer.ffn.act_name not in ACT_CODES or any(
-                lin.kernel is not CpuInt8Linear or lin.route != "cpu" for lin in _linears(layer)
+                lin.kernel is not CpuInt8Linear
+                or lin.route != "cpu"
+                or getattr(lin, "after", None) is not None
+                for lin in _linears(layer)
             ):
                 return None
         # Layers run one after another, so they share one set of scratch vectors (kept hot in cache), each

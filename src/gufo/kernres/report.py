@@ -34,8 +34,9 @@ def _fmt(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def kernel_table(kernels: list[Kernel]) -> str:
-    """One table per vendor, kernels in file order; the occupancy column names what limits it."""
+def kernel_table(kernels: list[Kernel], files: bool = True) -> str:
+    """One table per vendor, kernels in file order; the occupancy column names what limits it.
+    `files`: head each table with the files (and containers) its kernels come from."""
     parts = []
     for vendor, columns in (("amd", AMD_COLUMNS), ("nvidia", NV_COLUMNS)):
         group = [k for k in kernels if k.vendor == vendor]
@@ -51,7 +52,7 @@ def kernel_table(kernels: list[Kernel]) -> str:
             if vendor == "nvidia":
                 cells.insert(-1, _fmt(k.block_size))
             rows.append([*cells, k.occupancy_limited_by])
-        parts.append(_with_files(group) + table(rows, right_from=2))
+        parts.append((_with_files(group) if files else "") + table(rows, right_from=2))
     return "\n\n".join(parts)
 
 

@@ -13,6 +13,7 @@ from gufo.kernres.model import FormatError, Kernel
 
 SUFFIXES = (".hsaco", ".cubin")
 MAX_FILES = 100_000
+LAUNCH_NOTE = "bytes of shared memory/LDS Triton allocates at launch"
 
 
 def read_dir(
@@ -47,7 +48,7 @@ def _apply_launch(k: Kernel, meta: dict, block_size: int | None) -> None:
     elif shared:
         amdgpu.set_occupancy(k, dynamic_lds=shared)
     if shared:
-        k.notes.append(f"occupancy counts the {shared} bytes of shared memory/LDS Triton allocates at launch")
+        k.notes.append(f"occupancy counts the {shared} {LAUNCH_NOTE}")
 
 
 def _metadata(kernel_file: Path) -> dict:

@@ -91,8 +91,22 @@ class SelfAttention:
         slot: int,
         start_pos: int | DevicePosition,
     ) -> torch.Tensor:
-        cfg, n = self.cfg, x.shape[0]
         q, k, v = self.qkv(x)
+        return self.o(self.attend(q, k, v, rope_tables, cache, layer, slot, start_pos))
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        layer: int,
+        slot: int,
+        start_pos: int | DevicePosition,
+    ) -> torch.Tensor:
+        """Projected q, k, v -> heads, QK norm, RoPE, cached attention: [T, n_heads * value_dim]."""
+        cfg, n = self.cfg, q.shape[0]
         q = q.reshape(n, cfg.n_heads, cfg.key_dim)
         k = k.reshape(n, cfg.n_kv_heads, cfg.key_dim)
         v = v.reshape(n, cfg.n_kv_heads, cfg.value_dim)
@@ -101,8 +115,7 @@ class SelfAttention:
             k = self.k_norm(k)
         q = self.rope.apply(q, *rope_tables)
         k = self.rope.apply(k, *rope_tables)
-        out = attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window)
-        return self.o(out)
+        return attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window)
 
 
 class GatedFFN:
@@ -111,18 +124,22 @@ class GatedFFN:
     def __init__(self, mf: ModelFile, prefix: str, backend: str, act: str):
         self.gate_up = FusedLinear(mf, [f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight"], backend)
         self.down = Linear(mf, f"{prefix}.ffn_down.weight", backend)
+        if act not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {act!r}")
         self.act_name = act
-        self.act = ACTIVATIONS[act]
+        self.activation = registry.lookup(backend, "gated_act")[1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)
-        return self.down(self.act(gate) * up)
+        return self.down(self.activation.apply(gate, up, self.act_name))
 
 
 class DecoderLayer:
     """Pre-norm attention and gated FFN, each added to the residual; gemma3 also norms both outputs.
 
     This torch path runs prefill and is the reference for the backends' fused "decode_layer" op.
+    `attn` may be any token mixer with SelfAttention's call signature (hybrid models); `ffn_norm` names
+    the pre-FFN norm tensor (qwen35 calls it post_attention_norm).
     """
 
     def __init__(
@@ -134,10 +151,11 @@ class DecoderLayer:
         attn: SelfAttention,
         act: str,
         post_norms: bool,
+        ffn_norm: str = "ffn_norm",
     ):
         prefix, eps = f"blk.{index}", cfg.rms_eps
         self.attn_norm = RMSNorm(mf, f"{prefix}.attn_norm.weight", eps, backend)
-        self.ffn_norm = RMSNorm(mf, f"{prefix}.ffn_norm.weight", eps, backend)
+        self.ffn_norm = RMSNorm(mf, f"{prefix}.{ffn_norm}.weight", eps, backend)
         self.post_attn_norm = (
             RMSNorm(mf, f"{prefix}.post_attention_norm.weight", eps, backend) if post_norms else None
         )
@@ -178,6 +196,20 @@ class DecoderModel:
         self.ropes: list[Rope] = []
         self.layers: list[DecoderLayer] = []
         self._position_tables: dict[tuple[Rope, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def new_cache(self, n_slots: int, context: int) -> KVCache:
+        """The cache this model runs on, on its device: KV entries for every layer."""
+        cfg = self.config
+        return KVCache(
+            cfg.n_layers,
+            n_slots,
+            cfg.n_kv_heads,
+            context,
+            cfg.key_dim,
+            cfg.value_dim,
+            dtype=backends.cache_dtype(self.backend),
+            device=self.device,
+        )
 
     @functools.cached_property
     def decoder(self) -> tuple[str, Any, Any]:

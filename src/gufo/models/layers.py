@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry  # noqa: F401  (backends registers every kernel)
+from gufo.kernels.attention import TokenPositions, decode_span
 from gufo.kernels.linear_reference import dequantize_tensor, raw_rows
+from gufo.kernels.pointwise import ACTIVATIONS, gelu_tanh  # noqa: F401  (the models' activation names)
 from gufo.quant import dequantize
 from gufo.runtime.kv_cache import KVCache
 
@@ -34,9 +35,12 @@ class Linear:
         self.split_sizes = [i.shape[0] for i in infos]
         self.route, self.kernel = registry.lookup(backend, "linear", info.qtype)
         self.weight = self.kernel.prepare(info)
+        # Tensor parallelism sets a collective on a shard's partial output (gufo.parallel.model).
+        self.after: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernel.apply(x, self.weight)
+        y = self.kernel.apply(x, self.weight)
+        return y if self.after is None else self.after(y)
 
 
 def stack_rows(infos: list[TensorInfo]) -> TensorInfo:
@@ -120,20 +124,9 @@ class Rope:
             return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
         return cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
 
-    def rotated(self, x: torch.Tensor) -> torch.Tensor:
-        """The partner of each column: (x2, x1) halves for NeoX, swapped adjacent pairs otherwise."""
-        if self.neox:
-            half = self.dim // 2
-            return torch.cat((x[..., half:], x[..., :half]), -1)
-        return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]; cos/sin from `tables`."""
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        if self.dim == x.shape[-1]:
-            return x * cos + self.rotated(x) * sin
-        rot, rest = x[..., : self.dim], x[..., self.dim :]
-        return torch.cat((rot * cos + self.rotated(rot) * sin, rest), -1)
+        """x: [T, heads, head_dim]; cos/sin from `tables`; by the "rope" op of x's device."""
+        return registry.lookup(x.device.type, "rope")[1].apply(x, cos, sin, self.neox)
 
 
 @dataclass(frozen=True)
@@ -153,7 +146,7 @@ def attention(
     cache: KVCache,
     layer: int,
     slot: int,
-    start_pos: int | DevicePosition,
+    start_pos: int | DevicePosition | TokenPositions,
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
@@ -164,31 +157,20 @@ def attention(
     if isinstance(start_pos, DevicePosition):
         return _attention_at(q, k, v, cache, layer, slot, start_pos, scale, window)
     n_tokens = q.shape[0]
+    per_token = isinstance(start_pos, TokenPositions) or n_tokens == 1
+    if isinstance(start_pos, TokenPositions):
+        start_pos = start_pos.start
     keys, values = cache.append(layer, slot, start_pos, k, v)
     end = start_pos + n_tokens
+    if per_token:  # decode: the one-token op over the cache prefix (it applies the window)
+        op, indices, rows = _decode_op(q), torch.arange(start_pos, end, device=q.device), []
+        for i in range(n_tokens):
+            span = decode_span(start_pos + i, cache.context)
+            rows.append(op(q[i], keys[:, :span], values[:, :span], indices[i : i + 1], scale, window))
+        return torch.cat(rows).to(q.dtype)
     first = 0 if window is None else max(0, end - n_tokens - window + 1)
-    keys, values = keys[:, first:end], values[:, first:end]
-    if n_tokens == 1:
-        # Decode: one query per head sees exactly keys[first:end]; grouped heads share a KV head, so
-        # two small batched products beat the general kernel's setup cost.
-        n_kv = keys.shape[0]
-        grouped = q.reshape(n_kv, -1, q.shape[-1])
-        probs = torch.softmax(torch.matmul(grouped, keys.transpose(1, 2)) * scale, dim=-1)
-        return torch.matmul(probs, values).reshape(1, -1)
-    q_pos = torch.arange(start_pos, end, device=q.device)[:, None]
-    k_pos = torch.arange(first, end, device=q.device)[None, :]
-    allowed = k_pos <= q_pos
-    if window is not None:
-        allowed &= k_pos > q_pos - window
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),
-        keys.unsqueeze(0),
-        values.unsqueeze(0),
-        attn_mask=allowed,
-        scale=scale,
-        enable_gqa=True,
-    )
-    return out[0].transpose(0, 1).reshape(n_tokens, -1)
+    prefill = registry.lookup(q.device.type, "attention_prefill")[1]
+    return prefill.apply(q, keys[:, first:end], values[:, first:end], first, scale, window)
 
 
 def _attention_at(
@@ -208,22 +190,12 @@ def _attention_at(
     keys.index_copy_(1, position.index, k.transpose(0, 1).to(keys.dtype))
     values.index_copy_(1, position.index, v.transpose(0, 1).to(values.dtype))
     keys, values = keys[:, : position.span], values[:, : position.span]
-    seen = torch.arange(position.span, device=q.device)
-    hidden = seen > position.index
-    if window is not None:
-        hidden |= seen <= position.index - window
-    grouped = q.reshape(keys.shape[0], -1, q.shape[-1])
-    scores = torch.matmul(grouped, keys.transpose(1, 2)) * scale
-    probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
-    return torch.matmul(probs, values).reshape(1, -1)
+    return _decode_op(q)(q[0], keys, values, position.index, scale, window).to(q.dtype)
 
 
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# Gated-FFN activations by name (the fused decode kernels implement the same names).
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu, "gelu_tanh": gelu_tanh}
+def _decode_op(q: torch.Tensor):
+    """The "attention_decode" kernel for q's device (the Triton one on GPUs, else the torch reference)."""
+    return registry.lookup(q.device.type, "attention_decode")[1].apply
 
 
 def default_attention_scale(head_dim: int) -> float:

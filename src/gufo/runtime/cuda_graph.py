@@ -2,9 +2,10 @@
 
 Launching a decode step op by op costs more host time than the GPU needs for it. A captured step is
 replayed with one call: the token id and the position live in static device tensors, and attention
-reads a fixed prefix of the cache (`span`, a multiple of SPAN_STEP) masked beyond the position, so one
-graph serves every position below its span. Graphs are captured lazily per (slot, span) and share one
-memory pool; the only host synchronisation of a step is reading its logits back.
+reads a fixed prefix of the cache (`span`, from `gufo.kernels.attention.decode_span`) masked beyond
+the position, so one graph serves every position below its span. Graphs are captured lazily per
+(slot, span) and share one memory pool; the only host synchronisation of a step is reading its logits
+back.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ import time
 
 import torch
 
+from gufo.kernels.attention import decode_span
 from gufo.models.base import DecoderModel
 from gufo.models.layers import DevicePosition
 from gufo.runtime.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
-
-SPAN_STEP = 256  # cache entries; smaller wastes less attention work, larger captures fewer graphs
 
 
 class GraphDecoder:
@@ -33,24 +33,35 @@ class GraphDecoder:
         self.capture_seconds = 0.0
 
     def span(self, position: int) -> int:
-        return min(self.cache.context, (position // SPAN_STEP + 1) * SPAN_STEP)
+        return decode_span(position, self.cache.context)
 
     def _forward(self, slot: int, span: int) -> torch.Tensor:
         return self.model.forward(self.token, self.cache, slot, DevicePosition(self.index, span))[-1]
 
     def _capture(self, slot: int, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         started = time.perf_counter()
+        # recurrent state advances on every run, unlike KV writes: the replay must start from it unchanged
+        saved = None if self.cache.recurrent is None else self.cache.recurrent.save(slot)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # warm-up outside the graph: lazy allocations, kernel autotuning
             self._forward(slot, span)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        if saved is not None:
+            self.cache.recurrent.load(slot, saved)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = self._forward(slot, span)
         self.capture_seconds += time.perf_counter() - started
         log.debug("captured decode graph slot=%d span=%d", slot, span)
         return graph, logits
+
+    def release(self) -> None:
+        """Free every captured graph (they are captured again on demand)."""
+        torch.cuda.synchronize(self.device)
+        for graph, _ in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
 
     def decode(self, token: int, position: int, slot: int) -> torch.Tensor:
         """Logits (on the device) of `token` at `position`; writes its KV like an eager step."""

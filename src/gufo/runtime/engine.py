@@ -18,7 +18,8 @@ from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import open_model_file
 from gufo.kernels import backends
 from gufo.models.registry import build_model, check_architecture, check_supported_types
-from gufo.runtime.kv_cache import KVCache
+from gufo.runtime.kv_cache import CacheSnapshot, KVCache
+from gufo.runtime.memory import peak_memory_bytes
 from gufo.runtime.sampling import Sampler, SamplingParams
 from gufo.tokenizer import Tokenizer
 
@@ -57,39 +58,63 @@ class Engine:
         batch_size: int = DEFAULT_BATCH,
         threads: int | None = None,
         graphs: bool = True,
+        tensor_parallel: int = 1,
     ):
         self.path = resolve_model(str(model) if model is not None else None)
         self.file = open_model_file(self.path)
         check_architecture(self.file)
         check_supported_types(self.file)
+        # tensor_parallel > 1: this process is one rank of a torchrun launch (see gufo.parallel)
+        self.tensor_parallel = tensor_parallel
+        self.tensor_parallel_group = None
+        if tensor_parallel > 1:
+            from gufo.parallel.model import preflight
+            from gufo.parallel.process_group import start
+
+            preflight(self.file, tensor_parallel)
+            self.tensor_parallel_group = start(tensor_parallel, device)
+            device = self.tensor_parallel_group.device
         self.device = device
         self.backend = backends.select(device)
         if threads:
             torch.set_num_threads(threads)
         self.tokenizer = Tokenizer.from_gguf(self.file.metadata)
         started = time.perf_counter()
-        self.model = build_model(self.file, self.backend)
+        self.model = build_model(self.file, self.backend, self.tensor_parallel_group)
         self.load_seconds = time.perf_counter() - started
         cfg = self.model.config
         self.context = min(context or DEFAULT_CONTEXT, cfg.context_length)
         if batch_size <= 0:
             raise BadInputError(f"--batch-size must be positive, got {batch_size}")
         self.batch_size = batch_size
-        self.cache = KVCache(
-            cfg.n_layers,
-            n_slots,
-            cfg.n_kv_heads,
-            self.context,
-            cfg.key_dim,
-            cfg.value_dim,
-            device=backends.device_of(self.backend),
-        )
+        self.cache: KVCache = self.model.new_cache(n_slots, self.context)
+        # per slot, the recurrent state after each token but the last of the latest `decode_tokens`, in
+        # buffers reused from call to call (fresh copies pay page faults each time), and how many are valid
+        self._checkpoints: dict[int, list[list[torch.Tensor]]] = {}
+        self._checkpointed: dict[int, int] = {}
         # GPU decode steps replay captured graphs unless `graphs` is off (eager op-by-op, for debugging)
         self.graph_decoder = None
         if graphs and self.backend == "cuda":
             from gufo.runtime.cuda_graph import GraphDecoder
 
             self.graph_decoder = GraphDecoder(self.model, self.cache, backends.device_of(self.backend))
+        # Rank 0 of a tensor-parallel launch tells the other ranks each step it takes (gufo.parallel.mirror)
+        self.mirror = None
+        if self.tensor_parallel_group is not None and self.tensor_parallel_group.leader:
+            from gufo.parallel.mirror import Leader
+
+            self.mirror = Leader(self.tensor_parallel_group, self.release_graphs)
+
+    def release_graphs(self) -> None:
+        """Free the captured decode graphs. Needed before NCCL communicators are destroyed: a graph
+        holding a collective makes ncclCommDestroy wait forever (pytorch/pytorch#115388)."""
+        if self.graph_decoder is not None:
+            self.graph_decoder.release()
+
+    @property
+    def follows(self) -> bool:
+        """Whether this is a tensor-parallel rank other than 0: it runs `gufo.parallel.mirror.follow`."""
+        return self.tensor_parallel_group is not None and not self.tensor_parallel_group.leader
 
     @property
     def config(self):
@@ -117,7 +142,7 @@ class Engine:
         for begin in range(0, len(tokens), self.batch_size):
             chunk = ids[begin : begin + self.batch_size]
             is_last = begin + self.batch_size >= len(tokens)
-            logits = self.model.forward(chunk, self.cache, slot, start + begin, all_logits=all_logits)
+            logits = self.forward(chunk, slot, start + begin, all_logits=all_logits)
             if all_logits or is_last:
                 outputs.append(logits)
         return (torch.cat(outputs) if all_logits else outputs[-1][-1]).cpu()
@@ -125,14 +150,50 @@ class Engine:
     @torch.inference_mode()
     def decode(self, token: int, position: int, slot: int = 0) -> torch.Tensor:
         self.check_fits(position + 1)
+        return self.decode_step(token, position, slot).cpu()
+
+    def forward(
+        self, tokens: torch.Tensor, slot: int, start: int, all_logits: bool = False, per_token: bool = False
+    ) -> torch.Tensor:
+        """One model pass (the only entry to the model besides `decode_step`, so a tensor-parallel leader
+        mirrors every pass to its followers)."""
+        if self.mirror is not None:
+            self.mirror.forward(tokens.tolist(), slot, start, all_logits, per_token)
+        return self.model.forward(tokens, self.cache, slot, start, all_logits=all_logits, per_token=per_token)
+
+    def decode_step(self, token: int, position: int, slot: int) -> torch.Tensor:
+        """Logits (on the device) of one token: a captured-graph replay on a GPU, else one eager pass."""
+        if self.mirror is not None:
+            self.mirror.decode(token, position, slot)
         if self.graph_decoder is not None:
-            return self.graph_decoder.decode(token, position, slot).cpu()
-        return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1].cpu()
+            return self.graph_decoder.decode(token, position, slot)
+        return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1]
+
+    def snapshot(self, slot: int, length: int) -> CacheSnapshot:
+        """`KVCache.snapshot`, taken on every tensor-parallel rank."""
+        if self.mirror is not None:
+            self.mirror.snapshot(slot, length)
+        return self.cache.snapshot(slot, length)
+
+    def restore(self, state: CacheSnapshot) -> None:
+        if self.mirror is not None:
+            self.mirror.restore(state)
+        self.cache.restore(state)
+
+    def set_threads(self, count: int) -> None:
+        if self.mirror is not None:
+            self.mirror.threads(count)
+        torch.set_num_threads(count)
+
+    def rank_peak_memory(self) -> list[int]:
+        """Peak memory of each rank in rank order (one entry without tensor parallelism)."""
+        own = peak_memory_bytes(self.device)
+        return self.mirror.memory(own) if self.mirror is not None else [own]
 
     @property
     def batch_invariant_decode(self) -> bool:
         """Whether `decode_tokens` runs all tokens in one pass (else one decode step each)."""
-        return self.graph_decoder is None and getattr(self.model.decoder[1], "batch_invariant", False)
+        return getattr(self.model.decoder[1], "batch_invariant", False)
 
     @torch.inference_mode()
     def decode_tokens(self, tokens: Sequence[int], position: int, slot: int = 0) -> torch.Tensor:
@@ -140,10 +201,36 @@ class Engine:
         gives for it: one pass reading the weights once when the decode kernel is batch-invariant, one
         decode step per token otherwise (a batched prefill would change near-tied greedy choices)."""
         self.check_fits(position + len(tokens))
-        if not self.batch_invariant_decode:
+        recurrent = self.cache.recurrent
+        if recurrent is not None:  # checkpoints for `keep_tokens`; no batched kernel takes this state yet
+            rows = []
+            pool = self._checkpoints.setdefault(slot, [])
+            for i, t in enumerate(tokens):
+                if i > len(pool):
+                    pool.append(recurrent.save(slot))
+                elif i:
+                    recurrent.save(slot, into=pool[i - 1])
+                rows.append(self.decode(t, position + i, slot))
+            self._checkpointed[slot] = len(tokens) - 1
+            return torch.stack(rows)
+        limit = getattr(self.model.decoder[1], "max_tokens", len(tokens))
+        # a lone token (nothing drafted) is a plain decode step: a graph replay on GPUs
+        if not self.batch_invariant_decode or not 1 < len(tokens) <= limit:
             return torch.stack([self.decode(t, position + i, slot) for i, t in enumerate(tokens)])
         ids = torch.tensor(list(tokens), dtype=torch.long)
-        return self.model.forward(ids, self.cache, slot, position, all_logits=True, per_token=True).cpu()
+        return self.forward(ids, slot, position, all_logits=True, per_token=True).cpu()
+
+    @property
+    def rewindable(self) -> bool:
+        """Whether a slot can go back to any earlier position (KV only); recurrent state cannot."""
+        return self.cache.recurrent is None
+
+    def keep_tokens(self, slot: int, count: int) -> None:
+        """Keep only the first `count` tokens of the last `decode_tokens` on `slot` (the rest were rejected
+        drafts). KV entries need nothing: later positions are overwritten before any read. Recurrent state
+        goes back to the checkpoint taken after the first `count` tokens (after all of them it is current)."""
+        if 0 < count <= self._checkpointed.pop(slot, 0):
+            self.cache.recurrent.load(slot, self._checkpoints[slot][count - 1])
 
     @property
     def graph_capture_seconds(self) -> float:

@@ -12,4 +12,5 @@ except ImportError:
     AVAILABLE = False
 else:
     AVAILABLE = True
-    from gufo.kernels.triton import gemv  # noqa: F401  (registers the "linear" kernels)
+    # importing registers "attention_decode", "linear", "rms_norm", "rope", "gated_act"
+    from gufo.kernels.triton import attention, elementwise, gemv  # noqa: F401

@@ -49,7 +49,7 @@ from gguf import GGMLQuantizationType
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.linear_reference import raw_rows
 from gufo.kernels.registry import register
-from gufo.quant import block_shape, dequantize
+from gufo.quant import block_shape
 
 Q = GGMLQuantizationType
 
@@ -59,7 +59,10 @@ VECTOR_BLOCK_M = (
     4  # activation rows per program of the vector kernels (unrolled: each adds one FMA per weight)
 )
 MAX_SPLITS = 16
-PREFILL_DTYPE = torch.bfloat16  # operands of the prefill product (M > MAX_BLOCK_M)
+PREFILL_DTYPE = torch.bfloat16  # operands of the prefill product (M > MAX_BLOCK_M) for block formats
+# float weights multiply in their own precision at prefill, so the file's values reach the product as
+# they are (bf16 would round F16/F32 weights; found on an F32 qwen35 file: logits 1.2 off the CPU)
+FLOAT_PREFILL_DTYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 # BLOCK_N of the tl.dot path: compiled without register spills for sm_90 with Triton 3.6 and 4 warps,
 # checked offline with `gufo kernels report` on the Triton cache.
 DOT_BLOCK_N = 32
@@ -101,6 +104,24 @@ def _store(out_ptr, acc, m, n, M, N, split):
 
 
 @triton.jit
+def _consume(acc, x_ptr, stride_xm, m, M, K, k, w, out_ptr, n, N, DEQUANT: tl.constexpr):
+    """The products' `_accumulate`, or with DEQUANT the tile itself written to out[n, k] (out's dtype)."""
+    if DEQUANT:
+        w = tl.reshape(w, (w.shape[0], k.shape[0]))
+        at = out_ptr + n.to(tl.int64)[:, None] * K + k[None, :]
+        tl.store(at, w.to(out_ptr.dtype.element_ty), mask=(n < N)[:, None] & (k < K)[None, :])
+    else:
+        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w)
+    return acc
+
+
+@triton.jit
+def _finish(out_ptr, acc, m, n, M, N, split, DEQUANT: tl.constexpr):
+    if not DEQUANT:
+        _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
 def _kquant_scale_min(ptr, s):
     """Q4_K/Q5_K 6-bit (scale, min) of sub-blocks s (0..7) from the 12 packed bytes at ptr."""
     a = tl.load(ptr + s)
@@ -118,9 +139,9 @@ def _kquant_scale_min(ptr, s):
 
 
 @triton.jit
-def gemv_q4_0_dot(
+def _q4_0_tiles(
     x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     BLOCKS: tl.constexpr = STEP // 32
@@ -138,16 +159,30 @@ def gemv_q4_0_dot(
         d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
         k = step * STEP + k_low
         low = ((qs & 15).to(tl.int32) - 8).to(tl.float32) * d
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low)
+        acc = _consume(acc, x_ptr, stride_xm, m, M, K, k, low, out_ptr, n, N, DEQUANT)
         high = ((qs >> 4).to(tl.int32) - 8).to(tl.float32) * d
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high)
-    _store(out_ptr, acc, m, n, M, N, split)
+        acc = _consume(acc, x_ptr, stride_xm, m, M, K, k + 16, high, out_ptr, n, N, DEQUANT)
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
 
 
 @triton.jit
-def gemv_q4_1_dot(
-    x_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+def gemv_q4_0_dot(
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _q4_0_tiles(x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, BLOCK_M,
+        BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_q4_0(qs_ptr, d_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
+    _q4_0_tiles(out_ptr, qs_ptr, d_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16, BLOCK_N, STEP, True)
+
+
+@triton.jit
+def _q4_1_tiles(
+    x_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     BLOCKS: tl.constexpr = STEP // 32
@@ -166,16 +201,30 @@ def gemv_q4_1_dot(
         offset = tl.load(min_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
         k = step * STEP + k_low
         low = (qs & 15).to(tl.float32) * d + offset
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low)
+        acc = _consume(acc, x_ptr, stride_xm, m, M, K, k, low, out_ptr, n, N, DEQUANT)
         high = (qs >> 4).to(tl.float32) * d + offset
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high)
-    _store(out_ptr, acc, m, n, M, N, split)
+        acc = _consume(acc, x_ptr, stride_xm, m, M, K, k + 16, high, out_ptr, n, N, DEQUANT)
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
 
 
 @triton.jit
-def gemv_q5_0_dot(
-    x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+def gemv_q4_1_dot(
+    x_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _q4_1_tiles(x_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+        BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_q4_1(qs_ptr, d_ptr, min_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
+    _q4_1_tiles(out_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16, BLOCK_N, STEP, True)
+
+
+@triton.jit
+def _q5_0_tiles(
+    x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     BLOCKS: tl.constexpr = STEP // 32
@@ -194,16 +243,30 @@ def gemv_q5_0_dot(
         d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
         k = step * STEP + k_low
         low = (((qs & 15) | (((qh >> i) & 1) << 4)) - 16).to(tl.float32) * d
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, low)
+        acc = _consume(acc, x_ptr, stride_xm, m, M, K, k, low, out_ptr, n, N, DEQUANT)
         high = (((qs >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16).to(tl.float32) * d
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k + 16, high)
-    _store(out_ptr, acc, m, n, M, N, split)
+        acc = _consume(acc, x_ptr, stride_xm, m, M, K, k + 16, high, out_ptr, n, N, DEQUANT)
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
 
 
 @triton.jit
-def gemv_q8_0_dot(
-    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+def gemv_q5_0_dot(
+    x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _q5_0_tiles(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+        BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_q5_0(qs_ptr, qh_ptr, d_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
+    _q5_0_tiles(out_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16, BLOCK_N, STEP, True)
+
+
+@triton.jit
+def _q8_0_tiles(
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     BLOCKS: tl.constexpr = STEP // 32
@@ -218,8 +281,22 @@ def gemv_q8_0_dot(
         qs = tl.load(qs_ptr + row * K + blk * 32 + i, mask=ok, other=0)
         d = tl.load(d_ptr + row * n_blocks + blk, mask=ok, other=0.0).to(tl.float32)
         k = step * STEP + tl.arange(0, STEP)
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, qs.to(tl.float32) * d)
-    _store(out_ptr, acc, m, n, M, N, split)
+        acc = _consume(acc, x_ptr, stride_xm, m, M, K, k, qs.to(tl.float32) * d, out_ptr, n, N, DEQUANT)
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+
+
+@triton.jit
+def gemv_q8_0_dot(
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _q8_0_tiles(x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, BLOCK_M,
+        BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_q8_0(qs_ptr, d_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
+    _q8_0_tiles(out_ptr, qs_ptr, d_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16, BLOCK_N, STEP, True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,9 +304,9 @@ def gemv_q8_0_dot(
 
 
 @triton.jit
-def gemv_q4_k_dot(
+def _q4_k_tiles(
     x_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
 ):  # fmt: skip
     # element 64c + 32h + l = (qs[32c + l] >> 4h) & 15, sub-block 2c + h
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
@@ -249,15 +326,32 @@ def gemv_q4_k_dot(
             sc, mn = _kquant_scale_min(scales, 2 * c + h)
             w = ((qs >> (4 * h)) & 15).to(tl.float32) * (d * sc)[:, :, None] - (dmin * mn)[:, :, None]
             k = sb * 256 + k_low + 32 * h
-            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w)
-    _store(out_ptr, acc, m, n, M, N, split)
+            acc = _consume(acc, x_ptr, stride_xm, m, M, K, k, w, out_ptr, n, N, DEQUANT)
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
 
 
 @triton.jit
-def gemv_q5_k_dot(
+def gemv_q4_k_dot(
+    x_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _q4_k_tiles(x_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+        steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_q4_k(
+    d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr
+):
+    _q4_k_tiles(out_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16,
+        BLOCK_N, STEP, True)  # fmt: skip
+
+
+@triton.jit
+def _q5_k_tiles(
     x_ptr, d_ptr, dmin_ptr, scales_ptr, qh_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps,
     steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
 ):  # fmt: skip
     # as Q4_K, plus the 5th bit of element 32s + l = bit s of qh[l]
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
@@ -282,14 +376,41 @@ def gemv_q5_k_dot(
             q = ((qs >> (4 * h)) & 15) | (((qh >> s[:, :, None]) & 1) << 4)
             w = q.to(tl.float32) * (d * sc)[:, :, None] - (dmin * mn)[:, :, None]
             k = sb * 256 + k_low + 32 * h
-            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w)
-    _store(out_ptr, acc, m, n, M, N, split)
+            acc = _consume(acc, x_ptr, stride_xm, m, M, K, k, w, out_ptr, n, N, DEQUANT)
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
 
 
 @triton.jit
-def gemv_q6_k_dot(
-    x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+def gemv_q5_k_dot(
+    x_ptr, d_ptr, dmin_ptr, scales_ptr, qh_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _q5_k_tiles(x_ptr, d_ptr, dmin_ptr, scales_ptr, qh_ptr, qs_ptr, out_ptr, M, N, K, stride_xm,
+        n_steps, steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_q5_k(
+    d_ptr,
+    dmin_ptr,
+    scales_ptr,
+    qh_ptr,
+    qs_ptr,
+    out_ptr,
+    N,
+    K,
+    n_steps,
+    BLOCK_N: tl.constexpr,
+    STEP: tl.constexpr,
+):
+    _q5_k_tiles(out_ptr, d_ptr, dmin_ptr, scales_ptr, qh_ptr, qs_ptr, out_ptr, 0, N, K, 0, n_steps, 1,
+        16, BLOCK_N, STEP, True)  # fmt: skip
+
+
+@triton.jit
+def _q6_k_tiles(
+    x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
 ):  # fmt: skip
     # element 128a + 64h + 16g + i (r = 4a + g indexes the 16-byte runs of ql):
     # low 4 bits = (ql[16r + i] >> 4h) & 15, high 2 bits = (qh[32a + 16(g % 2) + i] >> 2(2h + g // 2)) & 3,
@@ -317,8 +438,25 @@ def gemv_q6_k_dot(
             q = (((ql >> (4 * h)) & 15) | (high << 4)).to(tl.int32) - 32
             w = q.to(tl.float32) * (d * sc)[:, :, None]
             k = sb * 256 + k_low + 64 * h
-            acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w)
-    _store(out_ptr, acc, m, n, M, N, split)
+            acc = _consume(acc, x_ptr, stride_xm, m, M, K, k, w, out_ptr, n, N, DEQUANT)
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+
+
+@triton.jit
+def gemv_q6_k_dot(
+    x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _q6_k_tiles(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+        steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_q6_k(
+    ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr
+):
+    _q6_k_tiles(out_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16,
+        BLOCK_N, STEP, True)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -326,9 +464,9 @@ def gemv_q6_k_dot(
 
 
 @triton.jit
-def gemv_float_dot(
+def _float_tiles(
     x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     row = n.to(tl.int64)[:, None]
@@ -336,8 +474,22 @@ def gemv_float_dot(
     for step in range(first, last):
         k = step * STEP + tl.arange(0, STEP)
         w = tl.load(w_ptr + row * K + k[None, :], mask=(n < N)[:, None] & (k < K)[None, :], other=0.0)
-        acc = _accumulate(acc, x_ptr, stride_xm, m, M, K, k, w.to(tl.float32))
-    _store(out_ptr, acc, m, n, M, N, split)
+        acc = _consume(acc, x_ptr, stride_xm, m, M, K, k, w.to(tl.float32), out_ptr, n, N, DEQUANT)
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+
+
+@triton.jit
+def gemv_float_dot(
+    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _float_tiles(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, BLOCK_M, BLOCK_N,
+        STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_float(w_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
+    _float_tiles(out_ptr, w_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16, BLOCK_N, STEP, True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -629,6 +781,7 @@ class Field:
 class Format:
     kernel: Any  # the vector kernel (triton.jit function)
     dot_kernel: Any  # the tensor-core kernel
+    dequant_kernel: Any  # writes the dequantized matrix (prefill)
     fields: tuple[Field, ...]  # in the kernels' argument order
     step: int  # input columns per loop step of the tensor-core kernel (its STEP)
     block: int  # input columns per scale group: the vector kernel's STEP is a multiple
@@ -638,24 +791,39 @@ U8, I8, F16 = torch.uint8, torch.int8, torch.float16
 _K4 = (Field(0, 2, F16), Field(2, 4, F16), Field(4, 16, U8))  # Q4_K/Q5_K d, dmin, packed scales
 
 FORMATS: dict[GGMLQuantizationType, Format] = {
-    Q.Q4_0: Format(gemv_q4_0, gemv_q4_0_dot, (Field(2, 18, U8), Field(0, 2, F16)), 256, 32),
-    Q.Q4_1: Format(gemv_q4_1, gemv_q4_1_dot, (Field(4, 20, U8), Field(0, 2, F16), Field(2, 4, F16)), 256, 32),
-    Q.Q5_0: Format(
-        gemv_q5_0, gemv_q5_0_dot, (Field(6, 22, U8), Field(2, 6, torch.int32), Field(0, 2, F16)), 256, 32
+    Q.Q4_0: Format(gemv_q4_0, gemv_q4_0_dot, dequant_q4_0, (Field(2, 18, U8), Field(0, 2, F16)), 256, 32),
+    Q.Q4_1: Format(
+        gemv_q4_1,
+        gemv_q4_1_dot,
+        dequant_q4_1,
+        (Field(4, 20, U8), Field(0, 2, F16), Field(2, 4, F16)),
+        256,
+        32,
     ),
-    Q.Q8_0: Format(gemv_q8_0, gemv_q8_0_dot, (Field(2, 34, I8), Field(0, 2, F16)), 128, 32),
-    Q.Q4_K: Format(gemv_q4_k, gemv_q4_k_dot, (*_K4, Field(16, 144, U8)), 256, 64),
-    Q.Q5_K: Format(gemv_q5_k, gemv_q5_k_dot, (*_K4, Field(16, 48, U8), Field(48, 176, U8)), 256, 64),
+    Q.Q5_0: Format(
+        gemv_q5_0,
+        gemv_q5_0_dot,
+        dequant_q5_0,
+        (Field(6, 22, U8), Field(2, 6, torch.int32), Field(0, 2, F16)),
+        256,
+        32,
+    ),
+    Q.Q8_0: Format(gemv_q8_0, gemv_q8_0_dot, dequant_q8_0, (Field(2, 34, I8), Field(0, 2, F16)), 128, 32),
+    Q.Q4_K: Format(gemv_q4_k, gemv_q4_k_dot, dequant_q4_k, (*_K4, Field(16, 144, U8)), 256, 64),
+    Q.Q5_K: Format(
+        gemv_q5_k, gemv_q5_k_dot, dequant_q5_k, (*_K4, Field(16, 48, U8), Field(48, 176, U8)), 256, 64
+    ),
     Q.Q6_K: Format(
         gemv_q6_k,
         gemv_q6_k_dot,
+        dequant_q6_k,
         (Field(0, 128, U8), Field(128, 192, U8), Field(192, 208, I8), Field(208, 210, F16)),
         256,
         32,
     ),
-    Q.F32: Format(gemv_float, gemv_float_dot, (Field(0, 4, torch.float32),), 128, 1),
-    Q.F16: Format(gemv_float, gemv_float_dot, (Field(0, 2, F16),), 128, 1),
-    Q.BF16: Format(gemv_float, gemv_float_dot, (Field(0, 2, torch.bfloat16),), 128, 1),
+    Q.F32: Format(gemv_float, gemv_float_dot, dequant_float, (Field(0, 4, torch.float32),), 128, 1),
+    Q.F16: Format(gemv_float, gemv_float_dot, dequant_float, (Field(0, 2, F16),), 128, 1),
+    Q.BF16: Format(gemv_float, gemv_float_dot, dequant_float, (Field(0, 2, torch.bfloat16),), 128, 1),
 }
 
 
@@ -698,7 +866,9 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def _splits(device: torch.device, tiles: int, n_steps: int) -> int:
-    """Enough K splits for about two programs per multiprocessor (1 off the GPU)."""
+    """Enough K splits for about two programs per multiprocessor (1 off the GPU). `tiles` counts the
+    output-row tiles only: the split, hence each row's summation order, must not depend on how many
+    activation rows there are, so that M rows give each row's M = 1 numbers (batch invariance)."""
     if device.type != "cuda":
         return 1
     return max(1, min(n_steps, MAX_SPLITS, 2 * _multiprocessors(device) // tiles))
@@ -711,10 +881,16 @@ class VectorConfig:
     num_warps: int
 
 
+# Widest K step of the vector kernels: 2048 columns, except Q4_0, whose one-row 2048 step compiled with
+# a 40-byte stack frame for sm_90 with Triton 3.6 (`gufo kernels own --target sm_90`); 1024 has none.
+MAX_VECTOR_STEP = {Q.Q4_0: 1024}
+
+
 def vector_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     """Launch shape of the vector kernel for an [n, k] weight: 4 rows x 2048 columns per step was the
     fastest of 8 shapes tried for Q4_K/Q6_K/Q8_0 at M = 1 on the H200 (benchmarks/gemv_bandwidth.py)."""
-    return VectorConfig(4, max(FORMATS[qtype].block, min(2048, triton.next_power_of_2(k))), 4)
+    widest = MAX_VECTOR_STEP.get(qtype, 2048)
+    return VectorConfig(4, max(FORMATS[qtype].block, min(widest, triton.next_power_of_2(k))), 4)
 
 
 def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> torch.Tensor:
@@ -739,7 +915,7 @@ def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> to
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
     if splits is None:
-        splits = _splits(x.device, grid_n * grid_m, n_steps)
+        splits = _splits(x.device, grid_n, n_steps)
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
     out = torch.empty(splits, m, n, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
@@ -750,6 +926,35 @@ def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> to
         )  # fmt: skip
     y = out[0] if splits == 1 else out.sum(0).to(x.dtype)
     return y.reshape(*lead, n)
+
+
+DEQUANT_BLOCK_N = 32  # output rows per program of the dequant kernels (one K step each)
+
+
+def dequantize_weight(weight: TritonWeight, dtype: torch.dtype = PREFILL_DTYPE) -> torch.Tensor:
+    """The whole matrix [N, K] in `dtype`, dequantized on the device by the format's Triton kernel
+    (the same tile code as the tensor-core gemv, so both round identically before the product)."""
+    n, k = weight.shape
+    fmt = FORMATS[weight.qtype]
+    out = torch.empty(n, k, dtype=dtype, device=weight.planes[0].device)
+    n_steps = triton.cdiv(k, fmt.step)
+    if n:
+        fmt.dequant_kernel[(triton.cdiv(n, DEQUANT_BLOCK_N), n_steps, 1)](
+            *weight.planes, out, n, k, n_steps, BLOCK_N=DEQUANT_BLOCK_N, STEP=fmt.step, num_warps=NUM_WARPS
+        )
+    return out
+
+
+def _product(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """x @ dense^T, float32 out: for half-precision operands on CUDA straight from the float32
+    accumulators (cuBLAS with out_dtype, no rounding of the result and no conversion pass); elsewhere
+    (float32 operands, ROCm, the CPU interpreter) the product's own result widened."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x.dtype != torch.float32 and x.device.type == "cuda" and torch.version.hip is None:
+        y = torch.mm(x2, dense.T, out_dtype=torch.float32)
+    else:
+        y = (x2 @ dense.T).float()
+    return y.reshape(*x.shape[:-1], -1)
 
 
 class TritonLinear:
@@ -767,10 +972,33 @@ class TritonLinear:
     def apply(x: torch.Tensor, weight: TritonWeight) -> torch.Tensor:
         if x.numel() // weight.shape[1] <= MAX_BLOCK_M:
             return gemv(x, weight)
-        # Prefill: dequantize the matrix on the device, then one bf16 product on the tensor cores with
-        # float32 accumulation. A fused-dequant GEMM is the next step for speed.
-        dense = dequantize(weight.qtype, join_fields(weight.qtype, weight.planes), weight.shape[1])
-        return (x.to(PREFILL_DTYPE) @ dense.to(PREFILL_DTYPE).T).to(x.dtype)
+        # Prefill: dequantize the matrix to bf16 on the device (one Triton pass, a few ms for an 8B
+        # model), then one cuBLAS product on the tensor cores with float32 accumulation: faster at
+        # prefill sizes than the fused-dequant tile kernels (docs/BENCHMARKS.md, "prefill products").
+        dtype = FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
+        return _product(x.to(dtype), dequantize_weight(weight, dtype)).to(x.dtype)
+
+
+# Weight shapes [N, K] of a real model (Qwen3-0.6B: MLP down, gate/up, attention output, query). Every
+# format divides their widths, which give each vector-kernel STEP with one K step and with several.
+REFERENCE_SHAPES = ((1024, 3072), (3072, 1024), (1024, 2048), (2048, 1024))
+
+
+def launch_examples():
+    """For `gufo kernels own` (gufo.kernels.triton.offline, which intercepts the launches): the
+    engine's products on the reference shapes, as meta tensors: float32 activations of 1..MAX_BLOCK_M
+    rows (decode, speculative, batched) and one more (prefill), plus the tensor-core kernels at the
+    half precision they exist for (NVIDIA). Yields each format's label before its launches."""
+    for qtype in FORMATS:
+        yield qtype.name.lower()
+        elements, nbytes = block_shape(qtype)
+        for n, k in REFERENCE_SHAPES:
+            raw = torch.empty(n, k // elements * nbytes, dtype=torch.uint8, device="meta")
+            weight = TritonWeight(qtype, (n, k), split_fields(qtype, raw))
+            for m in range(1, MAX_BLOCK_M + 2):
+                TritonLinear.apply(torch.empty(m, k, device="meta"), weight)
+            if torch.version.hip is None:  # gemv takes the tensor-core path on NVIDIA only
+                gemv(torch.empty(MAX_BLOCK_M, k, dtype=PREFILL_DTYPE, device="meta"), weight)
 
 
 for _qtype in FORMATS:

@@ -1,0 +1,132 @@
+"""Attention over the KV cache: "attention_prefill" (several queries) and "attention_decode" (one).
+
+Decode: the query's position lives in a device tensor, so the op can run inside a captured CUDA graph:
+the keys it may see are cache entries 0..index (and, with a sliding window, the last `window` of those)
+among the first `span` entries it is given. The torch references below are the oracles of the GPU
+kernels (`gufo.kernels.triton.attention`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from gufo.kernels.registry import REFERENCE_BACKEND, register
+
+
+@dataclass(frozen=True)
+class TokenPositions:
+    """Consecutive tokens from `start` that each attend exactly as a one-token decode step at its
+    position would (same op, same cache span): batch-invariant speculative verification on GPUs."""
+
+    start: int
+
+
+SPAN_STEP = 256  # cache entries: decode attention reads a prefix of whole steps
+
+
+def decode_span(position: int, context: int) -> int:
+    """How many cache entries the one-token attention at `position` reads (it masks those past the
+    position): a multiple of SPAN_STEP, so a captured graph serves every position below it, and every
+    decode path reads the same span and splits it the same way (identical numbers)."""
+    return min(context, (position // SPAN_STEP + 1) * SPAN_STEP)
+
+
+def visible(span: int, index: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[span] bool: which cache entries the query at `index` attends to."""
+    seen = torch.arange(span, device=index.device)
+    allowed = seen <= index
+    if window is not None:
+        allowed &= seen > index - window
+    return allowed
+
+
+@register(REFERENCE_BACKEND, "attention_decode")
+class ReferenceAttentionDecode:
+    name = "torch-attention-decode"
+
+    @staticmethod
+    def apply(
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        index: torch.Tensor,
+        scale: float,
+        window: int | None,
+    ) -> torch.Tensor:
+        """q [H, Dk] at cache position index ([1] int64); keys/values [Hkv, span, D] (the cache prefix,
+        any dtype: computed in q's). Returns [1, H * Dv]."""
+        n_kv, span = keys.shape[0], keys.shape[1]
+        grouped = q.reshape(n_kv, -1, q.shape[-1])  # query heads sharing a KV head are adjacent
+        scores = torch.matmul(grouped, keys.to(q.dtype).transpose(1, 2)) * scale
+        seen = visible(span, index, window)
+        probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+        # entries past the position may hold anything (stale drafts, a NaN-filled test cache): not 0 * NaN
+        values = torch.where(seen[:, None], values.to(q.dtype), 0.0)
+        return torch.matmul(probs, values).reshape(1, -1)
+
+
+@register(REFERENCE_BACKEND, "attention_prefill")
+class ReferenceAttentionPrefill:
+    name = "torch-sdpa-masked"
+
+    @staticmethod
+    def apply(
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        first: int,
+        scale: float,
+        window: int | None,
+    ) -> torch.Tensor:
+        """q [T, H, Dk], the last T of the cache entries first..first + S; keys/values [Hkv, S, D].
+        Causal (and windowed) GQA attention computed in the cache's dtype: [T, H * Dv] in q's dtype."""
+        n_tokens, end = q.shape[0], first + keys.shape[1]
+        q_pos = torch.arange(end - n_tokens, end, device=q.device)[:, None]
+        k_pos = torch.arange(first, end, device=q.device)[None, :]
+        allowed = k_pos <= q_pos
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0).to(keys.dtype),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=allowed,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out[0].transpose(0, 1).reshape(n_tokens, -1).to(q.dtype)
+
+
+@register("cuda", "attention_prefill")
+class FusedAttentionPrefill:
+    """GPUs: without a window the mask is causal aligned to the last key, which torch's fused
+    (flash / memory-efficient) kernels take without a materialised mask; KV heads are expanded to the
+    query heads, which those kernels need. Windowed layers use the reference."""
+
+    name = "torch-sdpa-causal-lower-right"
+
+    @staticmethod
+    def apply(
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        first: int,
+        scale: float,
+        window: int | None,
+    ) -> torch.Tensor:
+        if window is not None:
+            return ReferenceAttentionPrefill.apply(q, keys, values, first, scale, window)
+        n_tokens, n_heads = q.shape[0], q.shape[1]
+        group = n_heads // keys.shape[0]
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0).to(keys.dtype),
+            keys.repeat_interleave(group, 0).unsqueeze(0),
+            values.repeat_interleave(group, 0).unsqueeze(0),
+            attn_mask=causal_lower_right(n_tokens, keys.shape[1]),
+            scale=scale,
+        )
+        return out[0].transpose(0, 1).reshape(n_tokens, -1).to(q.dtype)

@@ -1,0 +1,100 @@
+"""The decode-attention kernels against the torch reference (`gufo.kernels.attention`): in the Triton
+interpreter on CPU (small odd shapes, a worker subprocess: see triton_interpreter.py) and on real
+shapes on a GPU when there is one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+import torch
+from triton_interpreter import run_cases, worker_results
+
+from gufo.kernels import registry
+from gufo.kernels.attention import ReferenceAttentionDecode
+
+pytest.importorskip("triton")
+
+from gufo.kernels.triton.attention import TritonAttentionDecode  # noqa: E402  (needs triton)
+
+# (query heads, KV heads, head dim, cache entries given, query position, window): SmolLM2's, gemma3's
+# (sliding window) and qwen3's head layouts; a position below the span (a captured graph's case)
+SHAPES = [
+    (9, 3, 64, 40, 39, None),
+    (4, 1, 256, 70, 69, 16),
+    (32, 8, 128, 300, 150, None),
+    (16, 8, 128, 1, 0, None),
+    (4, 1, 256, 513, 400, 512),
+]
+FLOAT32_TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def check_decode(shape: tuple, cache_dtype: torch.dtype, programs: int, device: str = "cpu") -> None:
+    heads, kv_heads, dim, span, index, window = shape
+    gen = torch.Generator().manual_seed(span * heads)
+    q = torch.randn(heads, dim, generator=gen)
+    keys = torch.randn(kv_heads, span + 5, dim, generator=gen).to(cache_dtype)[:, :span]  # a strided view
+    values = torch.randn(kv_heads, span + 5, dim, generator=gen).to(cache_dtype)[:, :span]
+    keys[:, index + 1 :] = 3e4  # stale entries past the position must not count
+    values[:, index + 1 :] = -3e4
+    at = torch.tensor([index])
+    want = ReferenceAttentionDecode.apply(q.double(), keys.double(), values.double(), at, dim**-0.5, window)
+    args = (q.to(device), keys.to(device), values.to(device), at.to(device), dim**-0.5, window)
+    got = TritonAttentionDecode.apply(*args, programs=programs).cpu()
+    assert got.shape == (1, heads * dim) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, **FLOAT32_TOL)
+
+
+def interpreter_cases() -> dict[str, Callable[[], None]]:
+    cases: dict[str, Callable[[], None]] = {}
+    for shape in SHAPES:
+        for dtype in (torch.float32, torch.float16):
+            for programs in (1, 64):  # one range per KV head, and several (split, then combined)
+                name = f"{shape}-{str(dtype).removeprefix('torch.')}-p{programs}".replace(" ", "")
+                cases[name] = lambda s=shape, d=dtype, p=programs: check_decode(s, d, p)
+    return cases
+
+
+@pytest.fixture(scope="session")
+def interpreter_results() -> dict[str, str | None]:
+    return worker_results(__file__)
+
+
+@pytest.mark.parametrize("case", list(interpreter_cases()))
+def test_kernel_in_interpreter(interpreter_results, case):
+    assert interpreter_results[case] is None, interpreter_results[case]
+
+
+def test_registered_on_cuda_backend():
+    assert registry.lookup("cuda", "attention_decode") == ("cuda", TritonAttentionDecode)
+
+
+if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set before importing triton)
+    print(json.dumps(run_cases(interpreter_cases())))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("depth", [1, 4096, 32768])
+def test_gpu_real_shapes(depth):
+    """Qwen3-8B heads (32 query, 8 KV, 128 wide) over a float16 cache up to depth, default split."""
+    check_decode((32, 8, 128, depth + 256, depth, None), torch.float16, 0, "cuda")
+    check_decode((4, 1, 256, depth + 256, depth, 512), torch.float16, 0, "cuda")  # gemma3 sliding window
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU"))])  # fmt: skip
+@pytest.mark.parametrize("tokens,entries", [(7, 7), (5, 23), (64, 300)])
+def test_prefill_causal_lower_right_equals_masked(device, tokens, entries):
+    """The GPU prefill route (fused kernels, causal mask aligned to the last key) against the masked
+    reference: queries are the last `tokens` of `entries` cache entries, 12 query heads on 4 KV heads."""
+    from gufo.kernels.attention import FusedAttentionPrefill, ReferenceAttentionPrefill
+
+    gen = torch.Generator().manual_seed(tokens)
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    q = torch.randn(tokens, 12, 64, generator=gen).to(device)
+    keys, values = (torch.randn(4, entries, 64, generator=gen).to(device, dtype) for _ in range(2))
+    want = ReferenceAttentionPrefill.apply(q, keys, values, 0, 0.125, None)
+    got = FusedAttentionPrefill.apply(q, keys, values, 0, 0.125, None)
+    tol = {"rtol": 2e-3, "atol": 2e-3} if device == "cuda" else FLOAT32_TOL
+    torch.testing.assert_close(got, want, **tol)

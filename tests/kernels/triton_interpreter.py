@@ -1,0 +1,59 @@
+"""Running Triton kernel checks in the Triton interpreter, on the CPU.
+
+`triton.jit` (triton.language's own helpers included) chooses the interpreter when a function is
+decorated, i.e. when triton is first imported, and any earlier test may already have imported it
+compiled. So a test module's kernel checks run in one worker subprocess started with
+TRITON_INTERPRET=1 (the module run as a script, printing `run_cases`' JSON), and each case is
+reported in the parent as its own test (`worker_results`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+
+import pytest
+
+
+def fix_interpreter_loop_bounds() -> None:
+    """Triton 3.6's interpreter turns loop bounds into ints with int(1-element array), a TypeError since
+    numpy 2.4 (triton-lang/triton#9171, fixed upstream by #9172): convert with .item() instead."""
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:
+        return
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    interpreter._patch_lang_tensor = patched
+
+
+def run_cases(cases: dict[str, Callable[[], None]]) -> dict[str, str | None]:
+    """Worker side: every case's failure (traceback text) or None."""
+    fix_interpreter_loop_bounds()
+    results: dict[str, str | None] = {}
+    for name, case in cases.items():
+        try:
+            case()
+            results[name] = None
+        except Exception:
+            results[name] = traceback.format_exc(limit=-4)
+    return results
+
+
+def worker_results(script: str) -> dict[str, str | None]:
+    """Parent side: run `script` as the interpreter worker and read its results."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, script], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"the interpreter worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.splitlines()[-1])

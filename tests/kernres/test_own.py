@@ -1,0 +1,132 @@
+"""`gufo kernels own`: gufo's Triton kernels compiled on the CPU for gfx1151 and sm_90, checked against the
+committed allowance, against the kernels the launch code declares, and against the compilers' own output
+kept beside each binary (the AMD assembly's metadata, NVIDIA's cuobjdump, Triton's metadata JSON)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from kernres_oracles import run_cli
+
+triton = pytest.importorskip("triton")
+
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+from gufo.cli import main as cli_main  # noqa: E402
+from gufo.kernels.triton import attention, elementwise, gemv  # noqa: E402
+
+ALLOWANCE = Path(gemv.__file__).with_name("allowance.json")
+TARGETS = ("gfx1151", "sm_90")
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """Both targets in one process, two compile workers; the cache is kept for the --baseline run."""
+    keep = tmp_path_factory.mktemp("own")
+    argv = ["kernels", "own", "--json", "--keep", str(keep), "--jobs", "2"]
+    code, out, err = _cli(*argv, *(a for t in TARGETS for a in ("--target", t)))
+    assert code == 0, err
+    return keep, json.loads(out)
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    """The real entry point with only `kernels` registered; capsys is per test, this fixture is per module."""
+    saved, cli_main.COMMAND_MODULES = cli_main.COMMAND_MODULES, ["kernels"]
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_main.main(list(argv))
+    finally:
+        cli_main.COMMAND_MODULES = saved
+    return code, out.getvalue(), err.getvalue()
+
+
+def _key(k: dict) -> str:
+    return f"{k['arch']}/{k['name']}"
+
+
+def _binary(k: dict) -> Path:
+    return Path(k["file"]) / k["container"].removeprefix("triton:")
+
+
+def test_committed_allowance_passes(compiled):
+    keep, _ = compiled
+    targets = [a for t in TARGETS for a in ("--target", t)]
+    code, out, err = _cli("kernels", "own", "--keep", str(keep), "--baseline", str(ALLOWANCE), *targets)
+    assert code == 0, out + err
+    assert out.rstrip().splitlines()[-1].startswith("OK: ")
+
+
+def test_no_kernel_spills_or_uses_scratch(compiled):
+    _, kernels = compiled
+    spilling = {_key(k) for k in kernels if k.get("scratch_bytes", k.get("stack_frame_bytes"))}
+    spilling |= {
+        _key(k) for k in kernels if k.get("vgpr_spill") or k.get("sgpr_spill") or k.get("local_bytes")
+    }
+    assert spilling == set()
+
+
+def test_compiled_set_is_what_the_launch_code_declares(compiled):
+    _, kernels = compiled
+    public = {
+        name
+        for module in (gemv, attention, elementwise)
+        for name, obj in vars(module).items()
+        if isinstance(obj, JITFunction) and not name.startswith("_")
+    }
+    engine = {f.kernel.__name__ for f in gemv.FORMATS.values()} | {
+        f.dequant_kernel.__name__ for f in gemv.FORMATS.values()
+    }
+    dot = {f.dot_kernel.__name__ for f in gemv.FORMATS.values()}
+    engine |= {"attention_decode_split", "attention_decode_combine"}
+    engine |= {"rms_norm_rows", "rope_rows", "gated_act_rows"}
+    assert public == engine | dot
+    for target, want in (("gfx1151", public - dot), ("sm_90", public)):  # no tensor-core path on ROCm
+        symbols = {_binary(k).stem for k in kernels if k["arch"] == target}
+        assert symbols == want
+        names = [k["name"] for k in kernels if k["arch"] == target]
+        assert len(names) == len(set(names)) and all(n.split("[")[0] in want for n in names)
+
+
+def test_amd_fields_match_the_compilers_assembly_and_triton_metadata(compiled):
+    _, kernels = compiled
+    amd = [k for k in kernels if k["vendor"] == "amd"]
+    assert amd
+    for k in amd:
+        binary = _binary(k)
+        text = binary.with_suffix(".amdgcn").read_text()
+        notes = dict(re.findall(r"^\s+\.(\w+):\s+(\d+)$", text.split(".amdgpu_metadata")[1], re.M))
+        meta = json.loads(binary.with_suffix(".json").read_text())
+        assert k["vgpr"] + k["agpr"] == int(notes["vgpr_count"]), k["name"]
+        assert k["sgpr"] == int(notes["sgpr_count"]), k["name"]
+        assert k["scratch_bytes"] == int(notes["private_segment_fixed_size"]), k["name"]
+        assert k["vgpr_spill"] == int(notes["vgpr_spill_count"]), k["name"]
+        assert k["max_flat_workgroup_size"] == meta["num_warps"] * meta["warp_size"], k["name"]
+        assert k["wavefront_size"] == meta["warp_size"] == 32
+
+
+def test_nvidia_fields_match_cuobjdump_and_triton_metadata(compiled):
+    _, kernels = compiled
+    nvidia = [k for k in kernels if k["vendor"] == "nvidia"]
+    assert nvidia
+    for k in nvidia:
+        binary = _binary(k)
+        usage = subprocess.run(
+            [str(CUOBJDUMP), "--dump-resource-usage", str(binary)], capture_output=True, text=True, check=True
+        ).stdout
+        regs, stack = (int(v) for v in re.search(r"REG:(\d+) STACK:(\d+)", usage).groups())
+        meta = json.loads(binary.with_suffix(".json").read_text())
+        assert (k["registers"], k["stack_frame_bytes"]) == (regs, stack), k["name"]
+        assert k["block_size"] == meta["num_warps"] * 32, k["name"]
+
+
+def test_unknown_target_is_bad_input(capsys):
+    code, _, err = run_cli(capsys, "kernels", "own", "--target", "gfx9999")
+    assert code == 2 and "gfx9999" in err and len(err.strip().splitlines()) == 1
