@@ -10,7 +10,7 @@ from tqdm import tqdm
 from gufo.cli.common import positive_int
 from gufo.gguf.aliases import ALIASES, resolve_model
 from gufo.gguf.model_file import open_model_file
-from gufo.synth import MIXES, PRESETS, find_mix, find_preset, plan_qwen3, write_synth
+from gufo.synth import MIXES, PRESETS, find_mix, find_preset, plan_synth, write_synth
 
 DEFAULT_VOCAB = "smollm2-135m"
 
@@ -23,7 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write a GGUF file with the real tensor shapes of a model, random weights written "
         "directly as quantized blocks (weights ~0.02 standard deviation, norms 1.0), llama-quantize's "
         "per-tensor type mix for --qtype, and a real vocabulary copied from another GGUF, so that both "
-        "gufo and llama.cpp can load and benchmark it. It produces noise, not text. The file is written "
+        "gufo and llama.cpp can load and benchmark it. It produces noise, not text. qwen35 is the dense "
+        "Qwen3.5 hybrid (Gated DeltaNet layers, gated full attention every 4th layer), written as "
+        "`convert_hf_to_gguf.py --no-mtp` lays it out: without the multi-token-prediction block. The "
+        "file is written "
         "under a temporary name beside FILE and renamed when complete; progress goes to stderr when it "
         "is a terminal.",
     )
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.layers is not None:
         shape = shape.with_layers(args.layers)
     vocab = open_model_file(resolve_model(args.vocab_from))
-    plan = plan_qwen3(args.preset.lower(), shape, mix, vocab)
+    plan = plan_synth(args.preset.lower(), shape, mix, vocab)
     # disable=None: a progress bar only when stderr is a terminal.
     with tqdm(
         total=plan.data_bytes, unit="B", unit_scale=True, desc="synth", file=sys.stderr, disable=None

@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Self
 
 from gufo.errors import BadInputError
 
 
+class _Layered:
+    """What the type mix and --layers need of a shape (its dataclass fields carry the values)."""
+
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    tie_word_embeddings: bool
+
+    @property
+    def n_gqa(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def with_layers(self, n_layers: int) -> Self:
+        return replace(self, num_hidden_layers=n_layers)
+
+
 @dataclass(frozen=True)
-class Qwen3Shape:
+class Qwen3Shape(_Layered):
     """The hyperparameters of a dense Qwen3 model (names follow the HF config.json fields)."""
 
     hidden_size: int
@@ -22,12 +39,36 @@ class Qwen3Shape:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 40960
 
-    @property
-    def n_gqa(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
 
-    def with_layers(self, n_layers: int) -> Qwen3Shape:
-        return replace(self, num_hidden_layers=n_layers)
+@dataclass(frozen=True)
+class Qwen35Shape(_Layered):
+    """A dense Qwen3.5 model (HF qwen3_5_text config fields): Gated DeltaNet layers ("linear_*") with a
+    gated full-attention layer every `full_attention_interval` layers."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    linear_num_value_heads: int
+    tie_word_embeddings: bool
+    head_dim: int = 256
+    linear_num_key_heads: int = 16
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_conv_kernel_dim: int = 4
+    full_attention_interval: int = 4
+    rope_theta: float = 10_000_000.0
+    partial_rotary_factor: float = 0.25
+    mrope_section: tuple[int, ...] = (11, 11, 10)
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 262144
+
+    def is_recurrent(self, layer: int) -> bool:
+        return (layer + 1) % self.full_attention_interval != 0
+
+
+ModelShape = Qwen3Shape | Qwen35Shape
 
 
 # Qwen/Qwen3-{0.6B,1.7B,4B,8B,14B,32B} config.json (the small three tie the output to the embeddings).
@@ -40,10 +81,18 @@ QWEN3_PRESETS: dict[str, Qwen3Shape] = {
     "32b": Qwen3Shape(5120, 64, 25600, 64, 8, tie_word_embeddings=False),
 }
 
-PRESETS: dict[str, dict[str, Qwen3Shape]] = {"qwen3": QWEN3_PRESETS}
+# Qwen/Qwen3.5-{0.8B,27B} config.json text_config (the 0.8B ties the output to the embeddings); the
+# multi-token-prediction layer (mtp_num_hidden_layers 1) is left out, as `convert_hf_to_gguf.py --no-mtp`
+# does.
+QWEN35_PRESETS: dict[str, Qwen35Shape] = {
+    "0.8b": Qwen35Shape(1024, 24, 3584, 8, 2, linear_num_value_heads=16, tie_word_embeddings=True),
+    "27b": Qwen35Shape(5120, 64, 17408, 24, 4, linear_num_value_heads=48, tie_word_embeddings=False),
+}
+
+PRESETS: dict[str, dict[str, ModelShape]] = {"qwen3": QWEN3_PRESETS, "qwen35": QWEN35_PRESETS}
 
 
-def find_preset(arch: str, preset: str) -> Qwen3Shape:
+def find_preset(arch: str, preset: str) -> ModelShape:
     """The shape of `preset` for `arch`; a BadInputError names the known ones otherwise."""
     shapes = PRESETS.get(arch)
     if shapes is None:

@@ -1,10 +1,12 @@
-"""Per-tensor types of a llama-quantize preset ("Q4_K_M", ...) for a dense Qwen3 model.
+"""Per-tensor types of a llama-quantize preset ("Q4_K_M", ...) for a dense Qwen3 or Qwen3.5 model.
 
-The rules restate llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp) for the cases a dense
-qwen3 model reaches: no experts, no importance matrix, not Falcon, never llama.cpp's 70B model type,
-and rows whose width is a multiple of 256 (so no block-size fallback). llama-quantize visits the
-tensors ordered by layer, so its attn_v / ffn_down counters equal the layer index used here.
-`tests/synth/make_type_mix_fixture.py` checks them against llama-quantize itself.
+The rules restate llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp) for the cases these
+models reach: no experts, no importance matrix, not Falcon, never llama.cpp's 70B model type, and
+rows whose width is a multiple of 256 (so no block-size fallback). llama-quantize visits the tensors
+ordered by layer, so its attn_v / ffn_down counters equal the layer index used here. In qwen35,
+llama.cpp counts the DeltaNet `attn_qkv` as attn_v-like: every layer has exactly one of the two, so
+the counter is still the layer index. `tests/synth/make_type_mix_fixture.py` checks the qwen3 rules
+against llama-quantize itself.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType, LlamaFileType
 
 from gufo.errors import BadInputError
-from gufo.synth.presets import Qwen3Shape
+from gufo.synth.presets import ModelShape
 
 Q = GGMLQuantizationType
 
@@ -67,17 +69,23 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
-def tensor_type(mix: QuantMix, kind: str, layer: int, shape: Qwen3Shape) -> GGMLQuantizationType:
+# Kept as converted: 1-D (ssm_a, ssm_dt.bias) or a conv kernel llama-quantize skips by name.
+_FLOAT_KINDS = frozenset({"ssm_a", "ssm_dt", "ssm_conv1d"})
+# llama.cpp's attn_v-like tensors: they share the attn_v rules and counter.
+_ATTN_V_KINDS = frozenset({"attn_v", "attn_qkv"})
+
+
+def tensor_type(mix: QuantMix, kind: str, layer: int, shape: ModelShape) -> GGMLQuantizationType:
     """The type llama-quantize gives tensor `kind` ("attn_v", "token_embd", ...) of block `layer`."""
-    if kind.endswith("norm"):
-        return Q.F32  # 1-D tensors are never quantized
+    if kind.endswith("norm") or kind in _FLOAT_KINDS:
+        return Q.F32  # 1-D tensors and conv kernels are never quantized
     if mix.base == Q.F16:
         return Q.F16  # a float target type turns every rule off
     n_layers, name = shape.num_hidden_layers, mix.name
     if kind == "output" or (kind == "token_embd" and shape.tie_word_embeddings):
         # A tied embedding is also the output matrix, so it gets the output's type.
         return Q.Q8_0 if mix.base == Q.Q8_0 else Q.Q6_K
-    if kind == "attn_v":
+    if kind in _ATTN_V_KINDS:
         if name == "Q2_K":
             return Q.Q4_K if shape.n_gqa >= 4 else Q.Q3_K
         if name == "Q3_K_M":

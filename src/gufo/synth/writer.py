@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter
@@ -19,8 +20,9 @@ from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType, GGU
 from gufo.errors import BadInputError, GufoError
 from gufo.gguf.model_file import ModelFile
 from gufo.quant.random_blocks import random_blocks
-from gufo.synth.presets import Qwen3Shape
+from gufo.synth.presets import ModelShape, Qwen3Shape
 from gufo.synth.type_mix import QuantMix, tensor_type
+from gufo.synth.values import float_values
 
 ARCH = "qwen3"
 # Per-block tensors of a qwen3 layer in llama.cpp's naming (blk.N.<kind>.weight).
@@ -60,10 +62,13 @@ class PlannedTensor:
 @dataclass(frozen=True)
 class SynthPlan:
     preset: str
-    shape: Qwen3Shape
+    shape: ModelShape
     mix: QuantMix
     vocab: ModelFile
     tensors: list[PlannedTensor]
+    arch: str  # general.architecture
+    family: str  # the model family's name, for general.name
+    hparams: dict[str, Any]  # "<arch>.<key>" metadata: int -> uint32, float -> float32, tuple -> int array
 
     @property
     def data_bytes(self) -> int:
@@ -74,7 +79,8 @@ class SynthPlan:
         return sum(int(np.prod(t.shape)) for t in self.tensors)
 
 
-def _matrix_shape(kind: str, shape: Qwen3Shape, vocab_size: int) -> tuple[int, ...]:
+def matrix_shape(kind: str, shape: ModelShape, vocab_size: int) -> tuple[int, ...]:
+    """PyTorch shape of a tensor a qwen3 layer has; qwen35 has most of them too."""
     hidden, q_width = shape.hidden_size, shape.num_attention_heads * shape.head_dim
     kv_width = shape.num_key_value_heads * shape.head_dim
     return {
@@ -95,55 +101,87 @@ def _matrix_shape(kind: str, shape: Qwen3Shape, vocab_size: int) -> tuple[int, .
     }[kind]
 
 
-def plan_qwen3(preset: str, shape: Qwen3Shape, mix: QuantMix, vocab: ModelFile) -> SynthPlan:
-    """Every tensor of the file: name, shape and llama-quantize's type for `mix`."""
+# Name suffixes other than ".weight" (llama.cpp's names: blk.N.ssm_dt.bias, blk.N.ssm_a).
+_SUFFIX = {"ssm_dt": ".bias", "ssm_a": ""}
+
+TensorShape = Callable[[str, int], tuple[int, ...]]  # (kind, vocabulary size) -> PyTorch shape
+
+
+def plan_tensors(
+    entries: Iterable[tuple[str, int]], dims: TensorShape, shape: ModelShape, mix: QuantMix, vocab: ModelFile
+) -> list[PlannedTensor]:
+    """The (kind, layer) entries as tensors with their names, shapes and llama-quantize's types."""
     tokens = vocab.get("tokenizer.ggml.tokens")
     if not tokens:
         raise BadInputError(f"--vocab-from {vocab.label}: has no vocabulary (tokenizer.ggml.tokens)")
+    tensors = []
+    for kind, layer in entries:
+        name = kind + _SUFFIX.get(kind, ".weight")
+        tensors.append(
+            PlannedTensor(
+                name=name if layer < 0 else f"blk.{layer}.{name}",
+                kind=kind,
+                layer=layer,
+                shape=dims(kind, len(tokens)),
+                qtype=tensor_type(mix, kind, layer, shape),
+            )
+        )
+    return tensors
+
+
+def transformer_hparams(shape: ModelShape) -> dict[str, Any]:
+    """The metadata keys every dense Qwen model has."""
+    return {
+        "block_count": shape.num_hidden_layers,
+        "context_length": shape.max_position_embeddings,
+        "embedding_length": shape.hidden_size,
+        "feed_forward_length": shape.intermediate_size,
+        "attention.head_count": shape.num_attention_heads,
+        "attention.head_count_kv": shape.num_key_value_heads,
+        "attention.key_length": shape.head_dim,
+        "attention.value_length": shape.head_dim,
+        "rope.freq_base": float(shape.rope_theta),
+        "attention.layer_norm_rms_epsilon": float(shape.rms_norm_eps),
+    }
+
+
+def plan_qwen3(preset: str, shape: Qwen3Shape, mix: QuantMix, vocab: ModelFile) -> SynthPlan:
+    """Every tensor of the file: name, shape and llama-quantize's type for `mix`."""
     entries = [("token_embd", -1), ("output_norm", -1)]
     if not shape.tie_word_embeddings:
         entries.append(("output", -1))
     entries += [(kind, layer) for layer in range(shape.num_hidden_layers) for kind in LAYER_KINDS]
-    tensors = [
-        PlannedTensor(
-            name=f"{kind}.weight" if layer < 0 else f"blk.{layer}.{kind}.weight",
-            kind=kind,
-            layer=layer,
-            shape=_matrix_shape(kind, shape, len(tokens)),
-            qtype=tensor_type(mix, kind, layer, shape),
-        )
-        for kind, layer in entries
-    ]
-    return SynthPlan(preset, shape, mix, vocab, tensors)
+    tensors = plan_tensors(entries, lambda kind, n: matrix_shape(kind, shape, n), shape, mix, vocab)
+    return SynthPlan(preset, shape, mix, vocab, tensors, ARCH, "Qwen3", transformer_hparams(shape))
 
 
 def _tensor_bytes(tensor: PlannedTensor, rng: np.random.Generator) -> np.ndarray:
-    if len(tensor.shape) == 1:  # norm weights: 1.0, so the random matrices alone set the scale
-        return np.ones(tensor.shape, dtype=np.float32).view(np.uint8)
+    values = float_values(tensor.kind, tensor.shape, rng)
+    if values is not None:
+        assert tensor.qtype == GGMLQuantizationType.F32, tensor.name  # the type mix keeps these float
+        return values.view(np.uint8)
     block_elems, _ = GGML_QUANT_SIZES[tensor.qtype]
     n_blocks = int(np.prod(tensor.shape)) // block_elems
     return random_blocks(tensor.qtype, n_blocks, rng).reshape(*tensor.shape[:-1], tensor.row_bytes)
 
 
 def _add_metadata(writer: GGUFWriter, plan: SynthPlan) -> None:
-    shape, vocab = plan.shape, plan.vocab
-    writer.add_name(f"Qwen3 {plan.preset.upper()} shape, synthetic random weights, {plan.mix.name}")
+    vocab = plan.vocab
+    writer.add_name(f"{plan.family} {plan.preset.upper()} shape, synthetic random weights, {plan.mix.name}")
     writer.add_description(
         "Random weights of a real model shape written by `gufo synth` for benchmarking; "
         f"vocabulary copied from {vocab.label}. It generates noise, not text."
     )
     writer.add_file_type(plan.mix.file_type)
     writer.add_quantization_version(GGML_QUANT_VERSION)
-    writer.add_block_count(shape.num_hidden_layers)
-    writer.add_context_length(shape.max_position_embeddings)
-    writer.add_embedding_length(shape.hidden_size)
-    writer.add_feed_forward_length(shape.intermediate_size)
-    writer.add_head_count(shape.num_attention_heads)
-    writer.add_head_count_kv(shape.num_key_value_heads)
-    writer.add_key_length(shape.head_dim)
-    writer.add_value_length(shape.head_dim)
-    writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_layer_norm_rms_eps(shape.rms_norm_eps)
+    for key, value in plan.hparams.items():
+        full_key = f"{plan.arch}.{key}"
+        if isinstance(value, float):
+            writer.add_float32(full_key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(full_key, value)
+        else:
+            writer.add_array(full_key, list(value))
     for key, value in vocab.metadata.items():
         if key.startswith("tokenizer."):
             writer.add_key_value(key, value, vocab.value_types[key], vocab.item_types.get(key))
@@ -178,7 +216,7 @@ def write_synth(
         raise BadInputError(f"-o {out}: already exists (use --force to overwrite it)")
     temp = _temp_file(out)
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(None, ARCH)
+    writer = GGUFWriter(None, plan.arch)
     try:
         _add_metadata(writer, plan)
         for tensor in plan.tensors:
