@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from triton_interpreter import run_cases, worker_results
+from triton_interpreter import interpreter_tests, run_cases
 
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels import registry
@@ -143,14 +143,7 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
     return cases
 
 
-@pytest.fixture(scope="session")
-def interpreter_results() -> dict[str, str | None]:
-    return worker_results(__file__)
-
-
-@pytest.mark.parametrize("case", list(interpreter_cases()))
-def test_kernel_in_interpreter(interpreter_results, case):
-    assert interpreter_results[case] is None, interpreter_results[case]
+interpreter_results, test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 decorated, i.e. when triton is first imported, and any earlier test may already have imported it
 compiled. So a test module's kernel checks run in one worker subprocess started with
 TRITON_INTERPRET=1 (the module run as a script, printing `run_cases`' JSON), and each case is
-reported in the parent as its own test (`worker_results`).
+reported in the parent as its own test (`interpreter_tests`).
 """
 
 from __future__ import annotations
@@ -57,3 +57,18 @@ def worker_results(script: str) -> dict[str, str | None]:
     if proc.returncode != 0:
         pytest.fail(f"the interpreter worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.splitlines()[-1])
+
+
+def interpreter_tests(cases: Callable[[], dict[str, Callable[[], None]]], script: str) -> tuple:
+    """The parent side of a test module whose worker (`script`) runs `cases`: its session fixture and
+    one parametrized test per case; bind both at module level under these names."""
+
+    @pytest.fixture(scope="session")
+    def interpreter_results() -> dict[str, str | None]:
+        return worker_results(script)
+
+    @pytest.mark.parametrize("case", list(cases()))
+    def test_kernel_in_interpreter(interpreter_results, case):
+        assert interpreter_results[case] is None, interpreter_results[case]
+
+    return interpreter_results, test_kernel_in_interpreter

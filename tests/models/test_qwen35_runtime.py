@@ -20,6 +20,7 @@ from gufo.runtime.speculative import (
     Speculator,
 )
 from tests.conftest import gufo
+from tests.runtime.scripted_proposer import ScriptedProposer
 
 pytest.importorskip("transformers")
 
@@ -119,23 +120,6 @@ def test_hybrid_draft_model_refeeds_after_rejections(model_path, tmp_path):
     assert speculator.generate(prompt, 32, GREEDY, stop_at_eog=False).generated_ids == plain.generated_ids
     assert speculator.stats.accepted < speculator.stats.drafted  # rejections happened
     assert all(got == fresh for got, fresh in proposals)
-
-
-class ScriptedProposer:
-    """Drafts the known plain continuation but corrupts token j of step s's draft, j = s mod
-    (draft_max + 1): over the steps, rejection at every draft position and full acceptance."""
-
-    def __init__(self, prompt_len: int, plain_ids: list[int], draft_max: int):
-        self.prompt_len, self.plain, self.draft_max, self.step = prompt_len, plain_ids, draft_max, 0
-
-    def propose(self, history: Sequence[int], limit: int, sampler: Sampler) -> Draft:
-        done = len(history) - self.prompt_len
-        tokens = self.plain[done : done + min(limit, self.draft_max)]
-        reject_at = self.step % (self.draft_max + 1)
-        self.step += 1
-        if reject_at < len(tokens):
-            tokens[reject_at] = (tokens[reject_at] + 1) % 32
-        return Draft(tokens)
 
 
 def test_rejected_drafts_leave_the_state_of_plain_decoding(model_path):

@@ -3,17 +3,17 @@ distribution of sampled speculation (chi-square against the target distribution)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import pytest
 import torch
+from scripted_proposer import ScriptedProposer
 from tiny_model import VOCAB, write_tiny_model
 
 from gufo.kernels.decode import CpuDecodeLayer
 from gufo.runtime.engine import Engine
 from gufo.runtime.sampling import Sampler, SamplingParams
 from gufo.runtime.speculative import (
-    Draft,
     NgramProposer,
     SpeculativeParams,
     SpeculativeStats,
@@ -43,23 +43,6 @@ def test_verification_logits_equal_decode_logits(real_engine):
     for count in (1, 2, 7, len(tokens)):
         verified = engine.decode_tokens(tokens[:count], len(prompt))
         assert torch.equal(verified, sequential[:count]), count
-
-
-class ScriptedProposer:
-    """Drafts the known plain continuation but corrupts token j of step s's draft, j = s mod
-    (draft_max + 1): over the steps, rejection at every draft position and full acceptance."""
-
-    def __init__(self, prompt_len: int, plain_ids: list[int], draft_max: int):
-        self.prompt_len, self.plain, self.draft_max, self.step = prompt_len, plain_ids, draft_max, 0
-
-    def propose(self, history: Sequence[int], limit: int, sampler: Sampler) -> Draft:
-        done = len(history) - self.prompt_len
-        tokens = self.plain[done : done + min(limit, self.draft_max)]
-        reject_at = self.step % (self.draft_max + 1)
-        self.step += 1
-        if reject_at < len(tokens):
-            tokens[reject_at] = (tokens[reject_at] + 1) % 32
-        return Draft(tokens)
 
 
 def cache_prefix(engine: Engine, length: int) -> list[torch.Tensor]:

@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGUFValueType
 from gguf.quants import dequantize
 
 from gufo.cli.main import main
 from gufo.errors import BadInputError
-from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import open_model_file
 from gufo.runtime.engine import Engine
 from gufo.synth import find_mix, find_preset, plan_qwen3, tensor_type, write_synth
@@ -31,7 +30,6 @@ HF_CONFIGS = {
     "32b": (5120, 64, 25600, 64, 8, False),
 }
 HEAD_DIM = 128
-VOCAB = "smollm2-135m"
 LAYERS = 2
 
 
@@ -59,21 +57,11 @@ def expected_dims(preset: str, n_vocab: int, n_layers: int) -> dict[str, tuple[i
 
 
 @pytest.fixture(scope="module")
-def vocab():
-    return open_model_file(resolve_model(VOCAB))
-
-
-@pytest.fixture(scope="module")
 def synth_file(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("synth") / "qwen3-0.6b-q4_k_m.gguf"
     args = ["synth", "--preset", "0.6b", "--qtype", "Q4_K_M", "--layers", str(LAYERS), "-o", str(out)]
     assert main(args) == 0
     return out
-
-
-@pytest.fixture(scope="module")
-def reader(synth_file) -> GGUFReader:
-    return GGUFReader(synth_file)
 
 
 @pytest.mark.parametrize("preset", sorted(HF_CONFIGS))

@@ -9,12 +9,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from gufo.cli.main import main
-from gufo.gguf.aliases import resolve_model
-from gufo.gguf.model_file import open_model_file
 from gufo.quality.validate_prefill import validate_prefill
 from gufo.runtime.engine import Engine
 from gufo.synth import find_mix, find_preset, plan_synth
@@ -46,7 +43,6 @@ HF_CONFIGS = {
     ),
 }
 LAYERS = 4  # three DeltaNet layers, then full attention
-VOCAB = "smollm2-135m"
 N_VOCAB = 49152
 
 
@@ -94,21 +90,11 @@ def kind_and_layer(name: str) -> tuple[str, int]:
 
 
 @pytest.fixture(scope="module")
-def vocab():
-    return open_model_file(resolve_model(VOCAB))
-
-
-@pytest.fixture(scope="module")
 def synth_file(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("synth") / "qwen35-0.8b-q4_k_m.gguf"
     args = ["synth", "--arch", "qwen35", "--preset", "0.8b", "--layers", str(LAYERS), "-o", str(out)]
     assert main(args) == 0
     return out
-
-
-@pytest.fixture(scope="module")
-def reader(synth_file) -> GGUFReader:
-    return GGUFReader(synth_file)
 
 
 @pytest.mark.parametrize("preset", sorted(HF_CONFIGS))

@@ -90,15 +90,7 @@ class ReferenceAttentionPrefill:
         allowed = k_pos <= q_pos
         if window is not None:
             allowed &= k_pos > q_pos - window
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0).to(keys.dtype),
-            keys.unsqueeze(0),
-            values.unsqueeze(0),
-            attn_mask=allowed,
-            scale=scale,
-            enable_gqa=True,
-        )
-        return out[0].transpose(0, 1).reshape(n_tokens, -1).to(q.dtype)
+        return _sdpa(q, keys, values, allowed, scale, enable_gqa=True)
 
 
 @register("cuda", "attention_prefill")
@@ -120,13 +112,22 @@ class FusedAttentionPrefill:
     ) -> torch.Tensor:
         if window is not None:
             return ReferenceAttentionPrefill.apply(q, keys, values, first, scale, window)
-        n_tokens, n_heads = q.shape[0], q.shape[1]
-        group = n_heads // keys.shape[0]
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0).to(keys.dtype),
-            keys.repeat_interleave(group, 0).unsqueeze(0),
-            values.repeat_interleave(group, 0).unsqueeze(0),
-            attn_mask=causal_lower_right(n_tokens, keys.shape[1]),
-            scale=scale,
-        )
-        return out[0].transpose(0, 1).reshape(n_tokens, -1).to(q.dtype)
+        group = q.shape[1] // keys.shape[0]
+        expanded = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+        return _sdpa(q, *expanded, causal_lower_right(q.shape[0], keys.shape[1]), scale, enable_gqa=False)
+
+
+def _sdpa(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: object, scale: float, enable_gqa: bool
+) -> torch.Tensor:
+    """torch's SDPA on q [T, H, Dk] (cast to the cache's dtype) over keys/values [Hkv, S, D]:
+    [T, H * Dv] in q's dtype."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0).to(keys.dtype),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
+    return out[0].transpose(0, 1).reshape(q.shape[0], -1).to(q.dtype)

@@ -197,8 +197,9 @@ class DecoderModel:
         self.layers: list[DecoderLayer] = []
         self._position_tables: dict[tuple[Rope, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def new_cache(self, n_slots: int, context: int) -> KVCache:
-        """The cache this model runs on, on its device: KV entries for every layer."""
+    def new_cache(self, n_slots: int, context: int, **layout: Any) -> KVCache:
+        """The cache this model runs on, on its device: KV entries for every layer, or as `layout`
+        (KVCache's attention_layers / recurrent) says for hybrid models."""
         cfg = self.config
         return KVCache(
             cfg.n_layers,
@@ -209,6 +210,7 @@ class DecoderModel:
             cfg.value_dim,
             dtype=backends.cache_dtype(self.backend),
             device=self.device,
+            **layout,
         )
 
     @functools.cached_property

@@ -190,15 +190,9 @@ class Qwen35Model(DecoderModel):
             (s.value_heads, s.key_dim, s.value_dim),
         )
         attention_layers = [i for i in range(cfg.n_layers) if i not in self.recurrent_layers]
-        return KVCache(
-            cfg.n_layers,
+        return super().new_cache(
             n_slots,
-            cfg.n_kv_heads,
             context,
-            cfg.key_dim,
-            cfg.value_dim,
-            dtype=backends.cache_dtype(self.backend),
-            device=self.device,
             attention_layers=attention_layers,
             # float32 whatever the KV type: the state accumulates over the whole sequence
             recurrent=RecurrentState(shape, n_slots, device=self.device),
