@@ -70,9 +70,25 @@ def test_smollm2_refuses_two_ranks(smollm2):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_gemma3_single_kv_head_cannot_split(gemma3, world):
-    with pytest.raises(BadInputError, match=r"cannot split 1 KV head \(4 query heads.*no degree above 1"):
-        plan_layout(gemma3, world)
+def test_gemma3_replicates_its_single_kv_head(gemma3, world):
+    """4 query heads over 1 KV head: each rank takes 4 / world query heads and the whole KV head."""
+    layout = plan_layout(gemma3, world)
+    k_full = dequantized(gemma3.tensor("blk.0.attn_k.weight"))
+    q_full = dequantized(gemma3.tensor("blk.0.attn_q.weight"))
+    q_parts = []
+    for rank in range(world):
+        view = ShardedModelFile(gemma3, layout, rank)
+        cfg = ModelConfig.from_file(view)
+        assert (cfg.n_heads, cfg.n_kv_heads, cfg.key_dim, cfg.n_ff) == (4 // world, 1, 256, 2048 // world)
+        np.testing.assert_array_equal(dequantized(view.tensor("blk.0.attn_k.weight")), k_full)
+        q_parts.append(dequantized(view.tensor("blk.0.attn_q.weight")))
+    np.testing.assert_array_equal(np.concatenate(q_parts), q_full)
+
+
+def test_gemma3_refuses_three_ranks(gemma3):
+    expected = r"cannot split 1 KV head \(4 query heads.*degrees that split it: 2, 4$"
+    with pytest.raises(BadInputError, match=expected):
+        plan_layout(gemma3, 3)
 
 
 def test_column_split_that_cuts_a_block_is_refused(tmp_path):

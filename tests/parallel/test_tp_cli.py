@@ -31,10 +31,13 @@ def test_run_refuses_smollm2_over_two_ranks(capsys):
     )
 
 
-def test_bench_refuses_gemma3_single_kv_head(capsys):
-    args = ("bench", "-m", "gemma3-270m", "--tensor-parallel", "2", "-p", "8", "-n", "0")
+def test_bench_refuses_gemma3_over_three_ranks(capsys):
+    args = ("bench", "-m", "gemma3-270m", "--tensor-parallel", "3", "-p", "8", "-n", "0")
     line = one_error_line(capsys, *args)
-    assert "cannot split 1 KV head (4 query heads, 4 per KV head) into 2 equal groups" in line
+    assert line.endswith(
+        "cannot split 1 KV head (4 query heads, 4 per KV head) into 3 equal groups; "
+        "degrees that split it: 2, 4"
+    )
 
 
 def test_serve_refuses_a_split_that_cuts_a_block(capsys, tmp_path):

@@ -50,3 +50,10 @@ def test_smollm2_three_ranks_match_single_process_and_llamacpp(tmp_path):
     sure = [i for i, margin in enumerate(prompt["greedy_top1_minus_top2"]) if margin >= 1.0]
     assert len(sure) >= 8
     assert [predicted[i] for i in sure] == [prompt["greedy_ids"][i] for i in sure]
+
+
+def test_gemma3_two_ranks_match_single_process(tmp_path):
+    """gemma3-270m: 4 query heads over 1 KV head, which both ranks hold (replicated); sliding-window
+    and global layers, GeGLU, tied 262k-row output split by vocabulary."""
+    prompt = golden("gemma3-270m")["prompts"][0]
+    check_equal(resolve_model("gemma3-270m"), 2, prompt["prompt_ids"] + prompt["greedy_ids"][:4], tmp_path)

@@ -81,7 +81,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 TENSOR_PARALLEL_HELP = (
-    "shard the model over N processes (Megatron-style: attention by KV-head group, FFN, vocabulary). "
+    "shard the model over N processes (Megatron-style: attention by KV-head group, KV heads replicated "
+    "when fewer than N; FFN; vocabulary). "
     "Launch with torchrun, one process per GPU with --device cuda (NCCL/RCCL) or on the CPU (gloo): "
     "python -m torch.distributed.run --standalone --nproc-per-node N -m gufo.cli.main COMMAND -tp N ...; "
     "several hosts: --nnodes H --node-rank I --rdzv-backend c10d --rdzv-endpoint HOST:PORT with "

@@ -1,7 +1,9 @@
 """Megatron-style shard rules on GGUF tensors, and the view of the model file one rank loads.
 
 Attention is split by KV-head group (each rank keeps whole KV heads and the query heads that read
-them), the FFN's gate/up by output rows and its down projection by input columns, the attention output
+them); with fewer KV heads than ranks, each KV head is replicated on the ranks that share its query
+heads (as vLLM does), so a KV head is never cut and a rank's query heads all read one KV head. The
+FFN's gate/up by output rows and its down projection by input columns, the attention output
 projection by input columns, and the output projection by vocabulary rows. The token embedding and
 every norm vector are replicated. A GGUF quantized row is a run of blocks along the input dimension:
 a row split never cuts a block, a column split must be a multiple of the block size, else refused.
@@ -27,6 +29,7 @@ ROWS, COLUMNS = 0, 1
 class Split:
     axis: int  # ROWS (output features) or COLUMNS (input features)
     size: int  # per rank; the vocabulary's last rank may hold fewer rows
+    replicas: int = 1  # consecutive ranks holding the same slice (replicated KV heads)
 
 
 @dataclass(frozen=True)
@@ -45,13 +48,22 @@ class ShardLayout:
     def vocab_shard(self) -> int:
         return -(-self.vocab // self.world)
 
+    @property
+    def kv_per_rank(self) -> int:
+        return max(1, self.n_kv_heads // self.world)
+
+    @property
+    def kv_replicas(self) -> int:
+        """Ranks sharing each KV head: 1 unless there are fewer KV heads than ranks."""
+        return max(1, self.world // self.n_kv_heads)
+
     def split(self, name: str) -> Split | None:
         """The rule for a tensor name; None = replicated."""
         w = self.world
         rules = {
             "attn_q.weight": Split(ROWS, self.n_heads // w * self.key_dim),
-            "attn_k.weight": Split(ROWS, self.n_kv_heads // w * self.key_dim),
-            "attn_v.weight": Split(ROWS, self.n_kv_heads // w * self.value_dim),
+            "attn_k.weight": Split(ROWS, self.kv_per_rank * self.key_dim, self.kv_replicas),
+            "attn_v.weight": Split(ROWS, self.kv_per_rank * self.value_dim, self.kv_replicas),
             "attn_output.weight": Split(COLUMNS, self.n_heads // w * self.value_dim),
             "ffn_gate.weight": Split(ROWS, self.n_ff // w),
             "ffn_up.weight": Split(ROWS, self.n_ff // w),
@@ -67,7 +79,7 @@ class ShardLayout:
         """Metadata one rank's model reads: its own head and FFN widths, the global head sizes."""
         return {
             "attention.head_count": self.n_heads // self.world,
-            "attention.head_count_kv": self.n_kv_heads // self.world,
+            "attention.head_count_kv": self.kv_per_rank,
             "attention.key_length": self.key_dim,
             "attention.value_length": self.value_dim,
             "feed_forward_length": self.n_ff // self.world,
@@ -89,8 +101,8 @@ def plan_layout(mf: ModelFile, world: int) -> ShardLayout:
     problem = _problem(mf, world)
     if problem is None:
         return _layout(mf, world)
-    kv = _layout(mf, 1).n_kv_heads
-    valid = [n for n in range(2, kv + 1) if kv % n == 0 and _problem(mf, n) is None]
+    heads = _layout(mf, 1).n_heads
+    valid = [n for n in range(2, heads + 1) if heads % n == 0 and _problem(mf, n) is None]
     hint = f"degrees that split it: {', '.join(map(str, valid))}" if valid else "no degree above 1 splits it"
     raise BadInputError(f"{mf.label}: --tensor-parallel {world} {problem}; {hint}")
 
@@ -108,7 +120,8 @@ def _problem(mf: ModelFile, world: int) -> str | None:
     """What makes a split over `world` ranks impossible, worded to follow "--tensor-parallel N"."""
     layout = _layout(mf, world)
     heads, kv = layout.n_heads, layout.n_kv_heads
-    if kv % world or heads % kv:
+    if heads % world or heads % kv or (kv % world and world % kv):
+        # whole KV-head groups per rank, or whole shares of one replicated KV head's query heads
         return (
             f"cannot split {kv} KV head{'s' if kv != 1 else ''} ({heads} query heads, {heads // kv} per KV "
             f"head) into {world} equal groups"
@@ -126,7 +139,7 @@ def _problem(mf: ModelFile, world: int) -> str | None:
                 return f"has no shard rule for {name}"
             continue
         extent = info.shape[split.axis]
-        expected = layout.vocab if name == OUTPUT else split.size * world
+        expected = layout.vocab if name == OUTPUT else split.size * world // split.replicas
         if extent != expected:
             axis = "rows" if split.axis == ROWS else "columns"
             return f"expects {expected} {axis} in {name}, it has {extent}"
@@ -141,7 +154,7 @@ def _problem(mf: ModelFile, world: int) -> str | None:
 
 def shard(info: TensorInfo, split: Split, rank: int) -> TensorInfo:
     """This rank's slice of a GGUF tensor (rows: a view of the map; columns: whole blocks, copied)."""
-    start = rank * split.size
+    start = rank // split.replicas * split.size
     stop = min(start + split.size, info.shape[split.axis])
     data = info.data.reshape(-1, info.data.shape[-1])
     if split.axis == ROWS:
