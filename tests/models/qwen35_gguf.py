@@ -1,9 +1,12 @@
-"""A tiny random transformers Qwen3.5 written to GGUF with llama.cpp's converter layout (qwen35).
+"""A tiny random transformers Qwen3.5 (qwen35) or Qwen3-Next (qwen3next) written to GGUF with llama.cpp's
+converter layout.
 
 The weight transforms follow convert_hf_to_gguf.py (Qwen3NextModel, _LinearAttentionVReorderBase,
-Qwen3_5TextModel): value heads reordered from grouped-by-key-head to tiled, A_log -> -exp(A_log),
-dt_bias -> ssm_dt.bias, conv1d squeezed to [channels, kernel], +1 on every RMSNorm weight except the
-gated norm; tensor names come from the gguf package's own name map.
+Qwen3_5TextModel): A_log -> -exp(A_log), dt_bias -> ssm_dt.bias, conv1d squeezed to [channels, kernel],
++1 on every RMSNorm weight except the gated norm. qwen35 value heads are reordered from grouped-by-key-
+head to tiled; qwen3next keeps them grouped, splits in_proj_qkvz per key head into attn_qkv + attn_gate,
+and writes the experts as 3-D [n_expert, rows, cols] gate/up/down tensors. Tensor names come from the
+gguf package's own name map.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ VOCAB = 128
 CONTEXT = 512
 
 
-def tiny_config(interval: int = 4, layers: int = 4):
+ARCHITECTURES = {"qwen35": "Qwen3_5ForCausalLM", "qwen3next": "Qwen3NextForCausalLM"}
+
+
+def tiny_config(interval: int = 4, layers: int = 4, arch: str = "qwen35"):
     import transformers
 
-    return transformers.Qwen3_5TextConfig(
+    common = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -40,14 +46,28 @@ def tiny_config(interval: int = 4, layers: int = 4):
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
         tie_word_embeddings=False,
     )
+    if arch == "qwen3next":
+        return transformers.Qwen3NextConfig(
+            **common,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=True,
+        )
+    return transformers.Qwen3_5TextConfig(**common)
 
 
-def tiny_hf_model(interval: int = 4, layers: int = 4, seed: int = 0):
-    """Random float32 Qwen3_5ForCausalLM; weights scaled so that every block matters to the logits."""
+def gguf_arch(model) -> str:
+    return "qwen3next" if type(model).__name__ == ARCHITECTURES["qwen3next"] else "qwen35"
+
+
+def tiny_hf_model(interval: int = 4, layers: int = 4, seed: int = 0, arch: str = "qwen35"):
+    """Random float32 model of `arch`; weights scaled so that every block matters to the logits."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.Qwen3_5ForCausalLM(tiny_config(interval, layers)).eval()
+    model = getattr(transformers, ARCHITECTURES[arch])(tiny_config(interval, layers, arch)).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("linear_attn.norm.weight"):  # plain weight
@@ -60,6 +80,8 @@ def tiny_hf_model(interval: int = 4, layers: int = 4, seed: int = 0):
                 param.copy_(0.5 * torch.randn_like(param))
             elif "conv1d" in name:
                 param.copy_(0.4 * torch.randn_like(param))
+            elif name.endswith("mlp.gate.weight"):  # router: decisive top-k choices
+                param.copy_(torch.randn_like(param))
             else:
                 param.copy_(torch.randn_like(param) * (0.6 if "embed" in name else 0.15))
     return model
@@ -73,16 +95,37 @@ def _tiled(t: torch.Tensor, dim: int, key_heads: int, per_key: int, head_dim: in
     return t.transpose(dim, dim + 1).reshape(shape)
 
 
+def _split_next(name: str, t: torch.Tensor, cfg) -> dict[str, torch.Tensor] | None:
+    """qwen3next tensors the converter splits: fused qkvz per key head, 3-D fused expert gate/up."""
+    if name.endswith("in_proj_qkvz.weight"):
+        kh, kd = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+        per_key_v = cfg.linear_num_value_heads // kh * cfg.linear_value_head_dim
+        q, k, v, z = t.reshape(kh, -1, t.shape[-1]).split([kd, kd, per_key_v, per_key_v], dim=1)
+        flat = [p.reshape(-1, t.shape[-1]) for p in (q, k, v, z)]
+        return {"attn_qkv": torch.cat(flat[:3]), "attn_gate": flat[3]}
+    if name.endswith("experts.gate_up_proj"):
+        gate, up = t.chunk(2, dim=1)
+        return {"ffn_gate_exps": gate, "ffn_up_exps": up}
+    if name.endswith("experts.down_proj"):
+        return {"ffn_down_exps": t}
+    return None
+
+
 def converted_tensors(model) -> dict[str, np.ndarray]:
     """GGUF name -> float32 array, as the converter writes them."""
-    cfg = model.config
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, cfg.num_hidden_layers)
+    cfg, next_ = model.config, gguf_arch(model) == "qwen3next"
+    arch = gguf.MODEL_ARCH.QWEN3NEXT if next_ else gguf.MODEL_ARCH.QWEN35
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     kh, vh = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     kd, vd, per_key = cfg.linear_key_head_dim, cfg.linear_value_head_dim, vh // kh
     out = {}
     for name, tensor in model.state_dict().items():
         t = tensor.detach().float().clone()
-        if "linear_attn." in name and kh != vh:
+        if next_ and (split := _split_next(name, t, cfg)) is not None:
+            block = f"blk.{name.split('.')[2]}"
+            out.update({f"{block}.{n}.weight": part.numpy() for n, part in split.items()})
+            continue
+        if "linear_attn." in name and kh != vh and not next_:
             if ".in_proj_qkv." in name:
                 t = torch.cat([t[: 2 * kh * kd], _tiled(t[2 * kh * kd :], 0, kh, per_key, vd)])
             elif ".in_proj_z." in name:
@@ -113,16 +156,25 @@ def converted_tensors(model) -> dict[str, np.ndarray]:
 def write_gguf(
     model, path: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
 ) -> Path:
-    """Write `model` as a qwen35 GGUF with a toy SentencePiece-style vocabulary. With F16 matrices the
-    model's matrices are first rounded to float16 in place, so both sides run the same weights."""
+    """Write `model` as a qwen35 / qwen3next GGUF with a toy SentencePiece-style vocabulary. With F16
+    matrices the model's matrices are first rounded to float16 in place, so both sides run the same
+    weights."""
     cfg = model.config
     if matrix_type == gguf.GGMLQuantizationType.F16:
         with torch.no_grad():
-            for param in model.parameters():
-                if param.dim() == 2:
+            for name, param in model.named_parameters():
+                if param.dim() >= 2 and "conv1d" not in name:
                     param.copy_(param.half().float())
-    arch = "qwen35"
+    arch = gguf_arch(model)
     writer = gguf.GGUFWriter(str(path), arch)
+    experts = {}
+    if arch == "qwen3next":
+        experts = {
+            "expert_count": cfg.num_experts,
+            "expert_used_count": cfg.num_experts_per_tok,
+            "expert_feed_forward_length": cfg.moe_intermediate_size,
+            "expert_shared_feed_forward_length": cfg.shared_expert_intermediate_size,
+        }
     for key, value in {
         "block_count": cfg.num_hidden_layers,
         "context_length": cfg.max_position_embeddings,
@@ -140,11 +192,13 @@ def write_gguf(
         "full_attention_interval": cfg.layer_types.index("full_attention") + 1,
         "rope.dimension_count": int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]),
         "vocab_size": cfg.vocab_size,
+        **experts,
     }.items():
         writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-    writer.add_rope_dimension_sections([2, 1, 1, 0])
+    if arch == "qwen35":
+        writer.add_rope_dimension_sections([2, 1, 1, 0])
     writer.add_tokenizer_model("llama")
     tokens = ["<unk>", "<s>", "</s>", *[f"t{i}" for i in range(cfg.vocab_size - 3)]]
     writer.add_token_list(tokens)
@@ -154,7 +208,7 @@ def write_gguf(
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
     for name, data in converted_tensors(model).items():
-        if data.ndim == 2 and "ssm_conv1d" not in name:  # the converter keeps the conv kernel float32
+        if data.ndim >= 2 and "ssm_conv1d" not in name:  # the converter keeps the conv kernel float32
             data = data.astype(np.float16 if matrix_type == gguf.GGMLQuantizationType.F16 else np.float32)
         writer.add_tensor(name, data)
     writer.write_header_to_file()

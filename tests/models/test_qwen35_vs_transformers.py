@@ -42,8 +42,13 @@ def check(ours: torch.Tensor, expected: torch.Tensor) -> float:
     ids=["interval4-f32", "interval2-f32", "interval4-f16"],
 )
 def test_tiny_qwen35_matches_transformers(tmp_path, interval, matrix_type):
-    hf = tiny_hf_model(interval)
-    path = write_gguf(hf, tmp_path / "tiny-qwen35.gguf", matrix_type)
+    check_prefill_and_decode(tmp_path, interval, matrix_type, "qwen35")
+
+
+def check_prefill_and_decode(tmp_path, interval: int, matrix_type, arch: str) -> None:
+    """A tiny random transformers model of `arch` against gufo on its GGUF: prefill and decode steps."""
+    hf = tiny_hf_model(interval, arch=arch)
+    path = write_gguf(hf, tmp_path / f"tiny-{arch}.gguf", matrix_type)
     tokens = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(1))
     expected = expected_logits(hf, tokens)
     model = build_model(open_model_file(path), "cpu")
@@ -68,10 +73,10 @@ def test_prefill_in_pieces_continues_the_recurrent_state(tmp_path):
     check(torch.cat(parts), expected_logits(hf, tokens))
 
 
-def _rewrite(src, dst, drop_key: str | None = None, drop_tensor: str | None = None):
+def _rewrite(src, dst, drop_key: str | None = None, drop_tensor: str | None = None, arch: str = "qwen35"):
     """Copy a GGUF without one metadata key or tensor."""
     reader = gguf.GGUFReader(str(src))
-    writer = gguf.GGUFWriter(str(dst), "qwen35")
+    writer = gguf.GGUFWriter(str(dst), arch)
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name in ("general.architecture", drop_key):
             continue

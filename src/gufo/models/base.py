@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gufo.gguf.model_file import ModelFile
+from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry
 from gufo.kernels.registry import REFERENCE_BACKEND
 from gufo.models.layers import (
@@ -121,9 +121,20 @@ class SelfAttention:
 class GatedFFN:
     """down(act(gate(x)) * up(x)): SwiGLU with "silu", GeGLU with "gelu_tanh" (names in ACTIVATIONS)."""
 
-    def __init__(self, mf: ModelFile, prefix: str, backend: str, act: str):
-        self.gate_up = FusedLinear(mf, [f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight"], backend)
-        self.down = Linear(mf, f"{prefix}.ffn_down.weight", backend)
+    def __init__(self, mf: ModelFile, prefix: str, backend: str, act: str, suffix: str = ""):
+        gate, up, down = (mf.tensor(f"{prefix}.ffn_{n}{suffix}.weight") for n in ("gate", "up", "down"))
+        self._load(gate, up, down, backend, act)
+
+    @classmethod
+    def of(cls, gate: TensorInfo, up: TensorInfo, down: TensorInfo, backend: str, act: str) -> GatedFFN:
+        """From tensors the file does not name on their own (one expert's slices of 3-D tensors)."""
+        ffn = cls.__new__(cls)
+        ffn._load(gate, up, down, backend, act)
+        return ffn
+
+    def _load(self, gate: TensorInfo, up: TensorInfo, down: TensorInfo, backend: str, act: str) -> None:
+        self.gate_up = FusedLinear.of([gate, up], backend)
+        self.down = Linear.of([down], backend)
         if act not in ACTIVATIONS:
             raise ValueError(f"unknown activation {act!r}")
         self.act_name = act
@@ -139,7 +150,8 @@ class DecoderLayer:
 
     This torch path runs prefill and is the reference for the backends' fused "decode_layer" op.
     `attn` may be any token mixer with SelfAttention's call signature (hybrid models); `ffn_norm` names
-    the pre-FFN norm tensor (qwen35 calls it post_attention_norm).
+    the pre-FFN norm tensor (qwen35 calls it post_attention_norm); `ffn`, when given, replaces the dense
+    gated FFN (any callable on [T, n_embd], e.g. a mixture of experts).
     """
 
     def __init__(
@@ -152,6 +164,7 @@ class DecoderLayer:
         act: str,
         post_norms: bool,
         ffn_norm: str = "ffn_norm",
+        ffn: Any = None,
     ):
         prefix, eps = f"blk.{index}", cfg.rms_eps
         self.attn_norm = RMSNorm(mf, f"{prefix}.attn_norm.weight", eps, backend)
@@ -163,7 +176,7 @@ class DecoderLayer:
             RMSNorm(mf, f"{prefix}.post_ffw_norm.weight", eps, backend) if post_norms else None
         )
         self.attn = attn
-        self.ffn = GatedFFN(mf, prefix, backend, act)
+        self.ffn = GatedFFN(mf, prefix, backend, act) if ffn is None else ffn
 
     def __call__(
         self,

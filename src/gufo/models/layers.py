@@ -27,7 +27,16 @@ class Linear:
 
     def __init__(self, model_file: ModelFile, name: str | list[str], backend: str):
         names = [name] if isinstance(name, str) else name
-        infos = [model_file.tensor(n) for n in names]
+        self._load([model_file.tensor(n) for n in names], backend)
+
+    @classmethod
+    def of(cls, infos: list[TensorInfo], backend: str) -> Linear:
+        """A Linear of tensors the file does not name on their own (slices of a 3-D expert tensor)."""
+        linear = cls.__new__(cls)
+        linear._load(infos, backend)
+        return linear
+
+    def _load(self, infos: list[TensorInfo], backend: str) -> None:
         info = infos[0] if len(infos) == 1 else stack_rows(infos)
         self.name = info.name
         self.qtype = info.qtype
@@ -54,13 +63,21 @@ class FusedLinear:
     """Weights that read the same input, merged per block format into as few products as possible."""
 
     def __init__(self, model_file: ModelFile, names: list[str], backend: str):
-        by_type: dict[object, list[str]] = {}
-        for name in names:
-            info = model_file.tensor(name)
-            by_type.setdefault((info.qtype, info.shape[1]), []).append(name)
-        self.parts = [Linear(model_file, group, backend) for group in by_type.values()]
-        grouped = [name for group in by_type.values() for name in group]
-        self.order = [grouped.index(name) for name in names]
+        self._fuse([model_file.tensor(name) for name in names], backend)
+
+    @classmethod
+    def of(cls, infos: list[TensorInfo], backend: str) -> FusedLinear:
+        fused = cls.__new__(cls)
+        fused._fuse(infos, backend)
+        return fused
+
+    def _fuse(self, infos: list[TensorInfo], backend: str) -> None:
+        by_type: dict[object, list[int]] = {}
+        for i, info in enumerate(infos):
+            by_type.setdefault((info.qtype, info.shape[1]), []).append(i)
+        self.parts = [Linear.of([infos[i] for i in group], backend) for group in by_type.values()]
+        grouped = [i for group in by_type.values() for i in group]
+        self.order = [grouped.index(i) for i in range(len(infos))]
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         outputs: list[torch.Tensor] = []

@@ -87,12 +87,13 @@ class GatedDeltaNet:
     """Linear attention with a recurrent state per slot (conv window + delta-rule matrices)."""
 
     rope: Rope | None = None  # positions enter only through the order of the recurrence
+    tiled_value_heads = True  # value head h reads key head h % key_heads (else h // heads per key)
 
     def __init__(self, mf: ModelFile, prefix: str, shape: DeltaNetShape, eps: float, backend: str):
         s, device = shape, backends.device_of(backend)
-        names = [f"{prefix}.{n}.weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")]
-        outputs = (s.channels, s.value_heads * s.value_dim, s.value_heads, s.value_heads)
-        for name, rows in zip(names, outputs, strict=True):
+        projections = self.projections(shape)
+        names = [f"{prefix}.{n}.weight" for n in projections]
+        for name, rows in zip(names, projections.values(), strict=True):
             _check_shape(mf, name, (rows, mf.tensor(name).shape[-1]))
         _check_shape(mf, f"{prefix}.ssm_conv1d.weight", (s.channels, s.conv_kernel))
         for name in (f"{prefix}.ssm_dt.bias", f"{prefix}.ssm_a"):
@@ -107,6 +108,20 @@ class GatedDeltaNet:
         _, self.conv = registry.lookup(backend, "causal_conv1d")
         _, self.delta_rule = registry.lookup(backend, "gated_delta_rule")
 
+    @staticmethod
+    def projections(s: DeltaNetShape) -> dict[str, int]:
+        """The input projections (tensor name -> output rows), all reading the normed input."""
+        h = s.value_heads
+        return {"attn_qkv": s.channels, "attn_gate": h * s.value_dim, "ssm_beta": h, "ssm_alpha": h}
+
+    def project(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """qkv, z, beta logits, alpha: [T, channels], [T, value_heads * value_dim], [T, value_heads] x 2."""
+        return self.in_proj(x)
+
+    def _per_value_head(self, t: torch.Tensor, per_key: int) -> torch.Tensor:
+        """Key heads [T, key_heads, D] -> one per value head, in the file's value-head order."""
+        return t.repeat(1, per_key, 1) if self.tiled_value_heads else t.repeat_interleave(per_key, 1)
+
     def __call__(
         self,
         x: torch.Tensor,
@@ -118,16 +133,15 @@ class GatedDeltaNet:
     ) -> torch.Tensor:
         s, n = self.shape, x.shape[0]
         state = cache.recurrent
-        qkv, z, b, a = self.in_proj(x)
+        qkv, z, b, a = self.project(x)
         mixed = F.silu(self.conv.apply(qkv, state.conv[layer][slot], self.conv_weight))
         q, k, v = mixed.split(
             [s.key_heads * s.key_dim, s.key_heads * s.key_dim, s.value_heads * s.value_dim], -1
         )
         q = l2_normalize(q.reshape(n, s.key_heads, s.key_dim), self.eps)
         k = l2_normalize(k.reshape(n, s.key_heads, s.key_dim), self.eps)
-        if s.value_heads != s.key_heads:  # tiled: value head h reads key head h % key_heads
-            q = q.repeat(1, s.value_heads // s.key_heads, 1)
-            k = k.repeat(1, s.value_heads // s.key_heads, 1)
+        if s.value_heads != s.key_heads:
+            q, k = (self._per_value_head(t, s.value_heads // s.key_heads) for t in (q, k))
         g = self.a * F.softplus(a + self.dt_bias)
         v = v.reshape(n, s.value_heads, s.value_dim)
         out = self.delta_rule.apply(q, k, v, g, torch.sigmoid(b), state.delta[layer][slot], s.key_dim**-0.5)
@@ -160,6 +174,8 @@ class GatedAttention(SelfAttention):
 
 @register_architecture("qwen35")
 class Qwen35Model(DecoderModel):
+    delta_net: type[GatedDeltaNet] = GatedDeltaNet  # the linear-attention mixer (its file layout)
+
     def __init__(self, mf: ModelFile, backend: str):
         cfg = ModelConfig.from_file(mf)
         cfg.n_layers -= int(mf.arch_key("nextn_predict_layers", 0))
@@ -175,11 +191,16 @@ class Qwen35Model(DecoderModel):
         for i in range(cfg.n_layers):
             prefix = f"blk.{i}"
             if i in self.recurrent_layers:
-                mixer: Any = GatedDeltaNet(mf, prefix, self.delta_shape, cfg.rms_eps, backend)
+                mixer: Any = self.delta_net(mf, prefix, self.delta_shape, cfg.rms_eps, backend)
             else:
                 mixer = GatedAttention(mf, prefix, cfg, backend, self.rope)
-            layer = DecoderLayer(mf, i, cfg, backend, mixer, "silu", False, ffn_norm="post_attention_norm")
+            ffn = self.feed_forward(mf, prefix, backend)
+            layer = DecoderLayer(mf, i, cfg, backend, mixer, "silu", False, "post_attention_norm", ffn)
             self.layers.append(layer)
+
+    def feed_forward(self, mf: ModelFile, prefix: str, backend: str) -> Any:
+        """The block's FFN; None is DecoderLayer's dense SwiGLU."""
+        return None
 
     def new_cache(self, n_slots: int, context: int) -> KVCache:
         """KV entries for the attention layers only, recurrent state for the others."""
@@ -229,7 +250,7 @@ class Qwen35Model(DecoderModel):
         """As `DecoderModel.forward`; a pass from position 0 starts the slot's recurrent state afresh, any
         other continues it (so it must continue the sequence the state holds)."""
         if cache.recurrent is None:
-            raise TypeError("qwen35 needs the cache from its new_cache (recurrent state)")
+            raise TypeError(f"{self.config.architecture} needs the cache of its new_cache (recurrent state)")
         position = start_pos.index if isinstance(start_pos, DevicePosition) else start_pos
         cache.recurrent.start(slot, position)
         return super().forward(tokens, cache, slot, start_pos, all_logits=all_logits, per_token=per_token)

@@ -10,7 +10,7 @@ from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.quant import unsupported_reason
 
-ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3", "qwen35")
+ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3", "qwen35", "qwen3next")
 _ARCHITECTURES: dict[str, Callable[[ModelFile, str], Any]] = {}
 
 

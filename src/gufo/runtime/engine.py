@@ -94,7 +94,7 @@ class Engine:
         self._checkpointed: dict[int, int] = {}
         # GPU decode steps replay captured graphs unless `graphs` is off (eager op-by-op, for debugging)
         self.graph_decoder = None
-        if graphs and self.backend == "cuda":
+        if graphs and self.backend == "cuda" and getattr(self.model, "graph_capturable", True):
             from gufo.runtime.cuda_graph import GraphDecoder
 
             self.graph_decoder = GraphDecoder(self.model, self.cache, backends.device_of(self.backend))
