@@ -25,6 +25,15 @@ class TokenPositions:
     start: int
 
 
+@dataclass(frozen=True)
+class RowPositions:
+    """One token per row, row i at `positions[i]` of cache slot `slots[i]`: a decode step of several
+    sequences at once (kernels that take it read each weight once for all rows)."""
+
+    slots: tuple[int, ...]
+    positions: tuple[int, ...]
+
+
 SPAN_STEP = 256  # cache entries: decode attention reads a prefix of whole steps
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gufo.errors import BadInputError
-from gufo.kernels.attention import TokenPositions
+from gufo.kernels.attention import RowPositions, TokenPositions
 from gufo.kernels.cpu_int8 import CpuInt8Linear, Int8Weight, library
 from gufo.kernels.registry import REFERENCE_BACKEND, register
 
@@ -157,6 +157,7 @@ def _linears(layer: DecoderLayer) -> list[Linear]:
 class CpuDecodeLayer:
     name = "cpu-fused-layer"
     batch_invariant = True
+    multi_slot = True  # takes RowPositions: several sequences' decode steps in one call
     rows = 16  # scratch capacity in tokens: a verification of up to 15 drafts runs in one call
 
     @staticmethod
@@ -262,15 +263,19 @@ class CpuDecodeLayer:
         rope_tables: tuple[torch.Tensor, torch.Tensor],
         cache: KVCache,
         slot: int,
-        start_pos: int,
+        start_pos: int | RowPositions,
     ) -> torch.Tensor:
-        """x: [M, n_embd], tokens at positions start_pos..start_pos + M - 1; rope_tables: [M, rope_dim]."""
+        """x: [M, n_embd], tokens at positions start_pos..start_pos + M - 1 of `slot`, or row i at
+        start_pos.positions[i] of slot start_pos.slots[i]; rope_tables: [M, rope_dim]."""
         n_tokens = x.shape[0]
-        if start_pos + n_tokens > cache.context:
-            raise BadInputError(
-                f"sequence of {start_pos + n_tokens} tokens exceeds the context size {cache.context}"
-            )
-        keys, values = cache.keys[index][slot], cache.values[index][slot]
+        if isinstance(start_pos, RowPositions):
+            slots, positions = start_pos.slots, start_pos.positions
+        else:
+            slots, positions = (slot,) * n_tokens, tuple(range(start_pos, start_pos + n_tokens))
+        if max(positions) >= cache.context:
+            longest = max(positions) + 1
+            raise BadInputError(f"sequence of {longest} tokens exceeds the context size {cache.context}")
+        keys, values = cache.keys[index], cache.values[index]
         if keys.dtype != torch.float32 or not (keys.is_contiguous() and values.is_contiguous()):
             raise TypeError("the CPU decode kernel needs a contiguous float32 KV cache")
         if plan.scores.numel() < plan.rows * plan.n_heads * cache.context:
@@ -278,17 +283,17 @@ class CpuDecodeLayer:
         cos, sin = (t.contiguous() for t in rope_tables)
         out = x.contiguous().clone()
         for begin in range(0, n_tokens, plan.rows):
-            count = min(plan.rows, n_tokens - begin)
+            rows = range(begin, min(begin + plan.rows, n_tokens))
             library().gufo_decode_layer(
                 ctypes.addressof(plan.structs[index]),
-                count,
+                len(rows),
                 out[begin].data_ptr(),
                 cos[begin].data_ptr(),
                 sin[begin].data_ptr(),
-                keys.data_ptr(),
-                values.data_ptr(),
+                (_ptr * len(rows))(*(keys[slots[i]].data_ptr() for i in rows)),
+                (_ptr * len(rows))(*(values[slots[i]].data_ptr() for i in rows)),
                 cache.context,
-                start_pos + begin,
+                (_i32 * len(rows))(*(positions[i] for i in rows)),
                 plan.scores.data_ptr(),
             )
         return out

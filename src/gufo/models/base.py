@@ -10,6 +10,7 @@ import torch
 
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry
+from gufo.kernels.attention import RowPositions
 from gufo.kernels.registry import REFERENCE_BACKEND
 from gufo.models.layers import (
     ACTIVATIONS,
@@ -287,7 +288,10 @@ class DecoderModel:
                 self._position_tables[key] = tuple(t.to(self.device) for t in full)
             cos, sin = self._position_tables[key]
             return cos[start_pos.index], sin[start_pos.index]
-        positions = torch.arange(start_pos, start_pos + n_tokens)
+        if isinstance(start_pos, RowPositions):
+            positions = torch.tensor(start_pos.positions)
+        else:
+            positions = torch.arange(start_pos, start_pos + n_tokens)
         return tuple(t.to(self.device) for t in rope.tables(positions))
 
     def routes(self) -> dict[str, str]:

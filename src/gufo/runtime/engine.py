@@ -17,6 +17,7 @@ from gufo.errors import BadInputError
 from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import open_model_file
 from gufo.kernels import backends
+from gufo.kernels.attention import RowPositions
 from gufo.models.registry import build_model, check_architecture, check_supported_types
 from gufo.runtime.kv_cache import CacheSnapshot, KVCache
 from gufo.runtime.memory import peak_memory_bytes
@@ -240,10 +241,20 @@ class Engine:
     def decode_batch(
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]
     ) -> torch.Tensor:
-        """One decode step for several sequences (token i at positions[i] in slots[i]): logits [B, vocab]."""
-        # One forward per row for now; rows stay independent, so batched greedy output equals sequential.
-        rows = zip(tokens, positions, slots, strict=True)
-        return torch.stack([self.decode(token, position, slot) for token, position, slot in rows])
+        """One decode step for several sequences (token i at positions[i] in slots[i]): logits [B, vocab].
+
+        Each row's logits equal what `decode` gives it alone (greedy output does not depend on the
+        batch): one pass reading each weight once for all rows when the decode kernel takes rows of
+        different slots (the fused CPU layer), one decode step per row otherwise."""
+        kernel = self.model.decoder[1]
+        batched = getattr(kernel, "multi_slot", False) and 1 < len(tokens) <= getattr(kernel, "rows", 0)
+        if not batched or self.mirror is not None:  # tensor-parallel followers mirror plain steps only
+            rows = zip(tokens, positions, slots, strict=True)
+            return torch.stack([self.decode(token, position, slot) for token, position, slot in rows])
+        self.check_fits(max(positions) + 1)
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        where = RowPositions(tuple(slots), tuple(positions))
+        return self.model.forward(ids, self.cache, slots[0], where, all_logits=True, per_token=True).cpu()
 
     def start_generation(
         self, prompt_ids: Sequence[int], max_tokens: int, params: SamplingParams, slot: int

@@ -1,5 +1,6 @@
-/* One decoder layer for M consecutive tokens of one sequence in a single call (the CPU decode path:
- * M = 1 at decode, M = k + 1 when verifying k speculative drafts).
+/* One decoder layer for M tokens in a single call (the CPU decode path: M = 1 at decode, M = k + 1
+ * consecutive tokens of one sequence when verifying k speculative drafts, M sequences' next tokens in
+ * a batched decode step: each row has its own cache and position).
  *
  * At decode every op works on one vector, so the interpreter's cost per op outweighs the op itself;
  * here a layer is one parallel region: the int8 products split their weight rows over the threads
@@ -143,11 +144,12 @@ static void activate(const gufo_layer *L, int m) {
     }
 }
 
-/* x [M][n_embd] is updated in place; token m sits at position pos + m. keys/values: this layer's cache
- * for the slot, [kv_heads][ctx][dim]; every token's k, v are written before any token attends.
- * cos/sin: the RoPE tables of the M positions ([M][rope_dim]). scores: M * n_heads * ctx floats. */
-void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, const float *sin, float *keys,
-                       float *values, int ctx, int pos, float *scores) {
+/* x [M][n_embd] is updated in place; token m sits at position pos[m] of the cache keys[m]/values[m]
+ * (this layer's cache of its slot, [kv_heads][ctx][dim]); every token's k, v are written before any
+ * token attends. cos/sin: the RoPE tables of the M positions ([M][rope_dim]). scores: M * n_heads * ctx
+ * floats. */
+void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, const float *sin,
+                       float *const *keys, float *const *values, int ctx, const int32_t *pos, float *scores) {
     const int n_attn = L->n_heads * L->value_dim, E = L->n_embd;
 #pragma omp parallel
     {
@@ -167,17 +169,17 @@ void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, c
             rope(q, L->n_heads, L->key_dim, L->rope_dim, L->rope_neox, c, s);
             rope(k, L->n_kv_heads, L->key_dim, L->rope_dim, L->rope_neox, c, s);
             for (int g = 0; g < L->n_kv_heads; g++) {
-                memcpy(keys + ((size_t)g * ctx + pos + m) * L->key_dim, k + (size_t)g * L->key_dim,
+                memcpy(keys[m] + ((size_t)g * ctx + pos[m]) * L->key_dim, k + (size_t)g * L->key_dim,
                        sizeof(float) * L->key_dim);
-                memcpy(values + ((size_t)g * ctx + pos + m) * L->value_dim, v + (size_t)g * L->value_dim,
+                memcpy(values[m] + ((size_t)g * ctx + pos[m]) * L->value_dim, v + (size_t)g * L->value_dim,
                        sizeof(float) * L->value_dim);
             }
         }
 #pragma omp for schedule(static)
         for (int i = 0; i < M * L->n_heads; i++) {
-            const int m = i / L->n_heads, h = i % L->n_heads, at = pos + m;
+            const int m = i / L->n_heads, h = i % L->n_heads, at = pos[m];
             const int first = L->window > 0 && at - L->window + 1 > 0 ? at - L->window + 1 : 0;
-            attend(L, m, h, keys, values, ctx, first, at, scores + (size_t)i * ctx);
+            attend(L, m, h, keys[m], values[m], ctx, first, at, scores + (size_t)i * ctx);
         }
         quantize(L, M, n_attn, L->attn);
         products(L, M, 1, &L->o, n_attn, E);
