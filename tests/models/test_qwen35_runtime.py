@@ -20,7 +20,7 @@ from gufo.runtime.speculative import (
     Speculator,
 )
 from tests.conftest import gufo
-from tests.runtime.scripted_proposer import ScriptedProposer
+from tests.runtime.scripted_proposer import check_rejections_leave_plain_state
 
 pytest.importorskip("transformers")
 
@@ -125,19 +125,7 @@ def test_hybrid_draft_model_refeeds_after_rejections(model_path, tmp_path):
 def test_rejected_drafts_leave_the_state_of_plain_decoding(model_path):
     """Drafts rejected at every position: the KV prefix and the recurrent state equal, bit for bit, a
     run that never drafted."""
-    engine = Engine(model_path, context=128)
-    prompt, n = [1, 7, 9, 7, 9, 11, 13, 7, 9], 40
-    plain = engine.generate(prompt, n, GREEDY, stop_at_eog=False)
-    expected = state_tensors(engine, len(prompt) + n - 1)
-    poison(engine)
-    draft_max = 4
-    speculator = Speculator(engine, ScriptedProposer(len(prompt), plain.generated_ids, draft_max))
-    result = speculator.generate(prompt, n, GREEDY, stop_at_eog=False)
-    assert result.generated_ids == plain.generated_ids
-    stats = speculator.stats
-    assert stats.steps >= draft_max + 1 and 0 < stats.accepted < stats.drafted
-    actual = state_tensors(engine, len(prompt) + n - 1)
-    assert all(torch.equal(a, b) for a, b in zip(actual, expected, strict=True))
+    check_rejections_leave_plain_state(Engine(model_path, context=128), state_tensors, poison)
 
 
 def test_only_attention_layers_hold_kv(model_path):

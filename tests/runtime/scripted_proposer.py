@@ -1,11 +1,15 @@
-"""A draft proposer for rollback tests: the plain continuation with one token corrupted per step."""
+"""Rollback tests: a draft proposer that is rejected at every draft position over the steps, and the
+check that such a run leaves the state a run that never drafted leaves."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from gufo.runtime.sampling import Sampler
-from gufo.runtime.speculative import Draft
+import torch
+
+from gufo.runtime.engine import Engine
+from gufo.runtime.sampling import Sampler, SamplingParams
+from gufo.runtime.speculative import Draft, Speculator
 
 
 class ScriptedProposer:
@@ -23,3 +27,26 @@ class ScriptedProposer:
         if reject_at < len(tokens):
             tokens[reject_at] = (tokens[reject_at] + 1) % 32
         return Draft(tokens)
+
+
+def check_rejections_leave_plain_state(
+    engine: Engine,
+    state: Callable[[Engine, int], list[torch.Tensor]],
+    poison: Callable[[Engine], None],
+    draft_max: int = 4,
+) -> None:
+    """Greedy speculation with drafts rejected at every position gives the plain tokens and leaves
+    `state(engine, valid length)` equal, bit for bit, to the plain run's; `poison` wipes the state in
+    between so that nothing of the plain run can survive."""
+    greedy = SamplingParams(temperature=0.0)
+    prompt, n = [1, 7, 9, 7, 9, 11, 13, 7, 9], 40
+    plain = engine.generate(prompt, n, greedy, stop_at_eog=False)
+    expected = state(engine, len(prompt) + n - 1)
+    poison(engine)
+    speculator = Speculator(engine, ScriptedProposer(len(prompt), plain.generated_ids, draft_max))
+    result = speculator.generate(prompt, n, greedy, stop_at_eog=False)
+    assert result.generated_ids == plain.generated_ids
+    stats = speculator.stats
+    assert stats.steps >= draft_max + 1 and 0 < stats.accepted < stats.drafted
+    actual = state(engine, len(prompt) + n - 1)
+    assert all(torch.equal(a, b) for a, b in zip(actual, expected, strict=True))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from scripted_proposer import ScriptedProposer
+from scripted_proposer import check_rejections_leave_plain_state
 from tiny_model import VOCAB, write_tiny_model
 
 from gufo.kernels.decode import CpuDecodeLayer
@@ -55,20 +55,12 @@ def test_rejected_drafts_leave_the_cache_of_plain_decoding(model, tmp_path):
     cache prefix equals a run that never drafted, bit for bit."""
     if model.startswith("tiny"):
         model = write_tiny_model(tmp_path / "gemma3.gguf", "gemma3")
-    engine = Engine(model, context=128)
-    prompt, n = [1, 7, 9, 7, 9, 11, 13, 7, 9], 40
-    plain = engine.generate(prompt, n, GREEDY, stop_at_eog=False)
-    expected = cache_prefix(engine, len(prompt) + n - 1)
+    check_rejections_leave_plain_state(Engine(model, context=128), cache_prefix, fill_with_nan)
+
+
+def fill_with_nan(engine: Engine) -> None:
     for layer in (*engine.cache.keys, *engine.cache.values):
         layer.fill_(float("nan"))  # nothing from the plain run may survive
-    draft_max = 4
-    speculator = Speculator(engine, ScriptedProposer(len(prompt), plain.generated_ids, draft_max))
-    result = speculator.generate(prompt, n, GREEDY, stop_at_eog=False)
-    assert result.generated_ids == plain.generated_ids
-    stats = speculator.stats
-    assert stats.steps >= draft_max + 1 and 0 < stats.accepted < stats.drafted
-    actual = cache_prefix(engine, len(prompt) + n - 1)
-    assert all(torch.equal(a, b) for a, b in zip(actual, expected, strict=True))
 
 
 def test_ngram_proposer_follows_the_longest_recent_match():

@@ -58,6 +58,11 @@ class ReferenceAttentionDecode:
     name = "torch-attention-decode"
 
     @staticmethod
+    def span(position: int, context: int) -> int:
+        """Cache entries a step at `position` reads when no graph is replayed: exactly those it sees."""
+        return position + 1
+
+    @staticmethod
     def apply(
         q: torch.Tensor,
         keys: torch.Tensor,

@@ -14,6 +14,7 @@ from gufo.kernels.attention import RowPositions
 from gufo.kernels.registry import REFERENCE_BACKEND
 from gufo.models.layers import (
     ACTIVATIONS,
+    AttentionKernels,
     DevicePosition,
     Embedding,
     FusedLinear,
@@ -82,6 +83,8 @@ class SelfAttention:
         self.q_norm = RMSNorm(mf, f"{prefix}.attn_q_norm.weight", eps, backend) if qk_norm else None
         self.k_norm = RMSNorm(mf, f"{prefix}.attn_k_norm.weight", eps, backend) if qk_norm else None
         self.cfg, self.rope, self.scale, self.window = cfg, rope, scale, window
+        self.rope_kernel = registry.lookup(backend, "rope")[1]
+        self.kernels = AttentionKernels.of(backend)
 
     def __call__(
         self,
@@ -114,9 +117,9 @@ class SelfAttention:
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q = self.rope.apply(q, *rope_tables)
-        k = self.rope.apply(k, *rope_tables)
-        return attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window)
+        q = self.rope_kernel.apply(q, *rope_tables, self.rope.neox)
+        k = self.rope_kernel.apply(k, *rope_tables, self.rope.neox)
+        return attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window, self.kernels)
 
 
 class GatedFFN:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry  # noqa: F401  (backends registers every kernel)
-from gufo.kernels.attention import TokenPositions, decode_span
+from gufo.kernels.attention import TokenPositions
 from gufo.kernels.linear_reference import dequantize_tensor, raw_rows
 from gufo.kernels.pointwise import ACTIVATIONS, gelu_tanh  # noqa: F401  (the models' activation names)
 from gufo.quant import dequantize
@@ -141,10 +142,6 @@ class Rope:
             return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
         return cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
 
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]; cos/sin from `tables`; by the "rope" op of x's device."""
-        return registry.lookup(x.device.type, "rope")[1].apply(x, cos, sin, self.neox)
-
 
 @dataclass(frozen=True)
 class DevicePosition:
@@ -156,6 +153,19 @@ class DevicePosition:
     span: int
 
 
+@dataclass(frozen=True)
+class AttentionKernels:
+    """A backend's "attention_prefill" and "attention_decode" kernels, resolved once per layer."""
+
+    prefill: Any
+    decode: Any
+
+    @classmethod
+    def of(cls, backend: str) -> AttentionKernels:
+        kernels = (registry.lookup(backend, f"attention_{kind}")[1] for kind in ("prefill", "decode"))
+        return cls(*kernels)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -165,14 +175,15 @@ def attention(
     slot: int,
     start_pos: int | DevicePosition | TokenPositions,
     scale: float,
-    window: int | None = None,
+    window: int | None,
+    kernels: AttentionKernels,
 ) -> torch.Tensor:
     """Causal (optionally sliding-window) GQA attention over the cache after appending k, v.
 
     q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H * D].
     """
     if isinstance(start_pos, DevicePosition):
-        return _attention_at(q, k, v, cache, layer, slot, start_pos, scale, window)
+        return _attention_at(q, k, v, cache, layer, slot, start_pos, scale, window, kernels.decode)
     n_tokens = q.shape[0]
     per_token = isinstance(start_pos, TokenPositions) or n_tokens == 1
     if isinstance(start_pos, TokenPositions):
@@ -180,14 +191,13 @@ def attention(
     keys, values = cache.append(layer, slot, start_pos, k, v)
     end = start_pos + n_tokens
     if per_token:  # decode: the one-token op over the cache prefix (it applies the window)
-        op, indices, rows = _decode_op(q), torch.arange(start_pos, end, device=q.device), []
+        op, indices, rows = kernels.decode, torch.arange(start_pos, end, device=q.device), []
         for i in range(n_tokens):
-            span = decode_span(start_pos + i, cache.context)
-            rows.append(op(q[i], keys[:, :span], values[:, :span], indices[i : i + 1], scale, window))
+            span = op.span(start_pos + i, cache.context)
+            rows.append(op.apply(q[i], keys[:, :span], values[:, :span], indices[i : i + 1], scale, window))
         return torch.cat(rows).to(q.dtype)
     first = 0 if window is None else max(0, end - n_tokens - window + 1)
-    prefill = registry.lookup(q.device.type, "attention_prefill")[1]
-    return prefill.apply(q, keys[:, first:end], values[:, first:end], first, scale, window)
+    return kernels.prefill.apply(q, keys[:, first:end], values[:, first:end], first, scale, window)
 
 
 def _attention_at(
@@ -200,6 +210,7 @@ def _attention_at(
     position: DevicePosition,
     scale: float,
     window: int | None,
+    decode: Any,
 ) -> torch.Tensor:
     """One-token attention without host-side positions: the KV write and the causal/window mask read
     `position.index` on the device, over the first `position.span` cache entries."""
@@ -207,12 +218,7 @@ def _attention_at(
     keys.index_copy_(1, position.index, k.transpose(0, 1).to(keys.dtype))
     values.index_copy_(1, position.index, v.transpose(0, 1).to(values.dtype))
     keys, values = keys[:, : position.span], values[:, : position.span]
-    return _decode_op(q)(q[0], keys, values, position.index, scale, window).to(q.dtype)
-
-
-def _decode_op(q: torch.Tensor):
-    """The "attention_decode" kernel for q's device (the Triton one on GPUs, else the torch reference)."""
-    return registry.lookup(q.device.type, "attention_decode")[1].apply
+    return decode.apply(q[0], keys, values, position.index, scale, window).to(q.dtype)
 
 
 def default_attention_scale(head_dim: int) -> float:

@@ -247,7 +247,7 @@ class Engine:
         batch): one pass reading each weight once for all rows when the decode kernel takes rows of
         different slots (the fused CPU layer), one decode step per row otherwise."""
         kernel = self.model.decoder[1]
-        batched = getattr(kernel, "multi_slot", False) and 1 < len(tokens) <= getattr(kernel, "rows", 0)
+        batched = getattr(kernel, "multi_slot", False) and len(tokens) > 1  # the kernel chunks long batches
         if not batched or self.mirror is not None:  # tensor-parallel followers mirror plain steps only
             rows = zip(tokens, positions, slots, strict=True)
             return torch.stack([self.decode(token, position, slot) for token, position, slot in rows])

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gufo.kernels.attention import decode_span
 from gufo.kernels.registry import register
 
 ELEMENTS_PER_STEP = 8192  # GROUP x BLOCK_T x head_dim products per loop step (register budget)
@@ -121,6 +122,9 @@ def decode_launch(
 @register("cuda", "attention_decode")
 class TritonAttentionDecode:
     name = "triton-attention-decode"
+    # every step reads the span a captured graph at its position reads, so eager steps and drafted
+    # tokens verified together split the cache the same way and give the graph's numbers
+    span = staticmethod(decode_span)
 
     @staticmethod
     def apply(
