@@ -12,38 +12,50 @@ import torch
 from triton_interpreter import interpreter_tests, run_cases
 
 from gufo.kernels import registry
-from gufo.kernels.attention import ReferenceAttentionDecode
+from gufo.kernels.attention import ReferenceAttentionDecode, decode_span
 
 pytest.importorskip("triton")
 
 from gufo.kernels.triton.attention import TritonAttentionDecode  # noqa: E402  (needs triton)
 
-# (query heads, KV heads, head dim, cache entries given, query position, window): SmolLM2's, gemma3's
-# (sliding window) and qwen3's head layouts; a position below the span (a captured graph's case)
+# (query heads, KV heads, head dim, cache entries given, query positions, window): SmolLM2's, gemma3's
+# (sliding window) and qwen3's head layouts; positions below the cache length (a captured graph's
+# case); several tokens in one launch, around a SPAN_STEP boundary (speculative verification)
 SHAPES = [
-    (9, 3, 64, 40, 39, None),
-    (4, 1, 256, 70, 69, 16),
-    (32, 8, 128, 300, 150, None),
-    (16, 8, 128, 1, 0, None),
-    (4, 1, 256, 513, 400, 512),
+    (9, 3, 64, 40, (39,), None),
+    (4, 1, 256, 70, (69,), 16),
+    (32, 8, 128, 300, (150,), None),
+    (16, 8, 128, 1, (0,), None),
+    (4, 1, 256, 513, (400,), 512),
+    (9, 3, 64, 600, (250, 255, 256, 257, 300), None),
+    (4, 1, 256, 600, (254, 255, 256, 511, 512), 16),
 ]
 FLOAT32_TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
 def check_decode(shape: tuple, cache_dtype: torch.dtype, programs: int, device: str = "cpu") -> None:
-    heads, kv_heads, dim, span, index, window = shape
-    gen = torch.Generator().manual_seed(span * heads)
-    q = torch.randn(heads, dim, generator=gen)
-    keys = torch.randn(kv_heads, span + 5, dim, generator=gen).to(cache_dtype)[:, :span]  # a strided view
-    values = torch.randn(kv_heads, span + 5, dim, generator=gen).to(cache_dtype)[:, :span]
-    keys[:, index + 1 :] = 3e4  # stale entries past the position must not count
-    values[:, index + 1 :] = -3e4
-    at = torch.tensor([index])
+    """Against the float64 reference; and each token of a several-token launch gives exactly what it
+    gives alone over the cache prefix its one-token step reads (`decode_span`)."""
+    heads, kv_heads, dim, entries, positions, window = shape
+    gen = torch.Generator().manual_seed(entries * heads)
+    q = torch.randn(len(positions), heads, dim, generator=gen)
+    # strided views of a longer cache
+    keys = torch.randn(kv_heads, entries + 5, dim, generator=gen).to(cache_dtype)[:, :entries]
+    values = torch.randn(kv_heads, entries + 5, dim, generator=gen).to(cache_dtype)[:, :entries]
+    if len(positions) == 1:
+        keys[:, positions[0] + 1 :] = 3e4  # stale entries past the position must not count
+        values[:, positions[0] + 1 :] = -3e4
+    at = torch.tensor(positions)
     want = ReferenceAttentionDecode.apply(q.double(), keys.double(), values.double(), at, dim**-0.5, window)
-    args = (q.to(device), keys.to(device), values.to(device), at.to(device), dim**-0.5, window)
-    got = TritonAttentionDecode.apply(*args, programs=programs).cpu()
-    assert got.shape == (1, heads * dim) and got.dtype == torch.float32
-    torch.testing.assert_close(got.double(), want, **FLOAT32_TOL)
+    q, keys, values, at = q.to(device), keys.to(device), values.to(device), at.to(device)
+    got = TritonAttentionDecode.apply(q, keys, values, at, dim**-0.5, window, programs=programs)
+    assert got.shape == (len(positions), heads * dim) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double().cpu(), want, **FLOAT32_TOL)
+    for i, position in enumerate(positions):
+        span = decode_span(position, entries)
+        one = (q[i : i + 1], keys[:, :span], values[:, :span], at[i : i + 1], dim**-0.5, window)
+        alone = TritonAttentionDecode.apply(*one, programs=programs)
+        assert torch.equal(alone[0], got[i]), (shape, i)
 
 
 def interpreter_cases() -> dict[str, Callable[[], None]]:
@@ -71,8 +83,10 @@ if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set
 @pytest.mark.parametrize("depth", [1, 4096, 32768])
 def test_gpu_real_shapes(depth):
     """Qwen3-8B heads (32 query, 8 KV, 128 wide) over a float16 cache up to depth, default split."""
-    check_decode((32, 8, 128, depth + 256, depth, None), torch.float16, 0, "cuda")
-    check_decode((4, 1, 256, depth + 256, depth, 512), torch.float16, 0, "cuda")  # gemma3 sliding window
+    check_decode((32, 8, 128, depth + 256, (depth,), None), torch.float16, 0, "cuda")
+    check_decode((4, 1, 256, depth + 256, (depth,), 512), torch.float16, 0, "cuda")  # gemma3 sliding window
+    drafts = tuple(range(depth + 250, depth + 260))  # verification across a span boundary
+    check_decode((32, 8, 128, depth + 512, drafts, None), torch.float16, 0, "cuda")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -71,16 +71,17 @@ class ReferenceAttentionDecode:
         scale: float,
         window: int | None,
     ) -> torch.Tensor:
-        """q [H, Dk] at cache position index ([1] int64); keys/values [Hkv, span, D] (the cache prefix,
-        any dtype: computed in q's). Returns [1, H * Dv]."""
-        n_kv, span = keys.shape[0], keys.shape[1]
-        grouped = q.reshape(n_kv, -1, q.shape[-1])  # query heads sharing a KV head are adjacent
-        scores = torch.matmul(grouped, keys.to(q.dtype).transpose(1, 2)) * scale
-        seen = visible(span, index, window)
-        probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+        """q [T, H, Dk] at cache positions index ([T] int64); keys/values [Hkv, span, D] (the cache
+        prefix, any dtype: computed in q's). Returns [T, H * Dv]."""
+        n_tokens, n_kv, span = q.shape[0], keys.shape[0], keys.shape[1]
+        # [Hkv, T, G, Dk]: the query heads sharing a KV head are adjacent
+        grouped = q.reshape(n_tokens, n_kv, -1, q.shape[-1]).transpose(0, 1)
+        scores = torch.matmul(grouped, keys.to(q.dtype).transpose(1, 2)[:, None]) * scale
+        seen = visible(span, index[:, None], window)  # [T, span]
+        probs = torch.softmax(scores.masked_fill(~seen[:, None], float("-inf")), dim=-1)
         # entries past the position may hold anything (stale drafts, a NaN-filled test cache): not 0 * NaN
-        values = torch.where(seen[:, None], values.to(q.dtype), 0.0)
-        return torch.matmul(probs, values).reshape(1, -1)
+        values = torch.where(seen[None, :, :, None], values.to(q.dtype)[:, None], 0.0)
+        return torch.matmul(probs, values).transpose(0, 1).reshape(n_tokens, -1)
 
 
 @register(REFERENCE_BACKEND, "attention_prefill")

@@ -268,7 +268,7 @@ class DecoderModel:
     ) -> torch.Tensor:
         """Run tokens (1-D) at positions start_pos.. of `slot`; logits [T, vocab] or [1, vocab] (last).
 
-        A DevicePosition (one token) keeps every position-dependent step on the device, so the call
+        A DevicePosition keeps every position-dependent step on the device, so the call
         can be captured in a CUDA graph. `per_token` runs several tokens through the decode-layer
         kernel instead of the prefill layers (speculative verification; see `Engine.decode_tokens`)."""
         x = self.embedding(tokens)

@@ -145,12 +145,11 @@ class Rope:
 
 @dataclass(frozen=True)
 class DevicePosition:
-    """A one-token decode position held on the device, so a captured CUDA graph can replay at any
-    position: `index` ([1], int64) is read by the kernels, `span` (host int > index) bounds the cache
-    prefix attention reads; one graph serves every position below its span."""
+    """Decode positions held on the device, so a captured CUDA graph replays at any position: `index`
+    ([T] int64, consecutive) is read by the kernels, which attend each token over the span its own
+    one-token step reads (decode attention bounds it by the position on the device)."""
 
     index: torch.Tensor
-    span: int
 
 
 @dataclass(frozen=True)
@@ -191,13 +190,34 @@ def attention(
     keys, values = cache.append(layer, slot, start_pos, k, v)
     end = start_pos + n_tokens
     if per_token:  # decode: the one-token op over the cache prefix (it applies the window)
-        op, indices, rows = kernels.decode, torch.arange(start_pos, end, device=q.device), []
-        for i in range(n_tokens):
-            span = op.span(start_pos + i, cache.context)
-            rows.append(op.apply(q[i], keys[:, :span], values[:, :span], indices[i : i + 1], scale, window))
-        return torch.cat(rows).to(q.dtype)
+        positions = range(start_pos, end)
+        indices = torch.arange(start_pos, end, device=q.device)
+        spans = [kernels.decode.span(p, cache.context) for p in positions]
+        return _decode_rows(kernels.decode, q, keys, values, indices, spans, scale, window).to(q.dtype)
     first = 0 if window is None else max(0, end - n_tokens - window + 1)
     return kernels.prefill.apply(q, keys[:, first:end], values[:, first:end], first, scale, window)
+
+
+def _decode_rows(
+    op: Any,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    indices: torch.Tensor,
+    spans: list[int],
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """Each token through the one-token decode op over the first `spans[i]` cache entries: in one launch
+    when the op takes several tokens (it bounds each token's span itself), else token by token."""
+    if getattr(op, "tokens_at_once", False):
+        span = max(spans)
+        return op.apply(q, keys[:, :span], values[:, :span], indices, scale, window)
+    rows = [
+        op.apply(q[i : i + 1], keys[:, :span], values[:, :span], indices[i : i + 1], scale, window)
+        for i, span in enumerate(spans)
+    ]
+    return torch.cat(rows)
 
 
 def _attention_at(
@@ -212,13 +232,13 @@ def _attention_at(
     window: int | None,
     decode: Any,
 ) -> torch.Tensor:
-    """One-token attention without host-side positions: the KV write and the causal/window mask read
-    `position.index` on the device, over the first `position.span` cache entries."""
+    """Decode attention without host-side positions: the KV writes and the causal/window masks read
+    `position.index` on the device, over the whole cache (each token's span is bounded on the device)."""
     keys, values = cache.keys[layer][slot], cache.values[layer][slot]
     keys.index_copy_(1, position.index, k.transpose(0, 1).to(keys.dtype))
     values.index_copy_(1, position.index, v.transpose(0, 1).to(values.dtype))
-    keys, values = keys[:, : position.span], values[:, : position.span]
-    return decode.apply(q[0], keys, values, position.index, scale, window).to(q.dtype)
+    spans = [cache.context] * q.shape[0]
+    return _decode_rows(decode, q, keys, values, position.index, spans, scale, window).to(q.dtype)
 
 
 def default_attention_scale(head_dim: int) -> float:

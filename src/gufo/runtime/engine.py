@@ -98,7 +98,10 @@ class Engine:
         if graphs and self.backend == "cuda" and getattr(self.model, "graph_capturable", True):
             from gufo.runtime.cuda_graph import GraphDecoder
 
-            self.graph_decoder = GraphDecoder(self.model, self.cache, backends.device_of(self.backend))
+            # several tokens per graph step where the decode layer is batch-invariant (speculative drafts)
+            limit = getattr(self.model.decoder[1], "max_tokens", 1) if self.batch_invariant_decode else 1
+            device = backends.device_of(self.backend)
+            self.graph_decoder = GraphDecoder(self.model, self.cache, device, limit)
         # Rank 0 of a tensor-parallel launch tells the other ranks each step it takes (gufo.parallel.mirror)
         self.mirror = None
         if self.tensor_parallel_group is not None and self.tensor_parallel_group.leader:
@@ -167,7 +170,7 @@ class Engine:
         if self.mirror is not None:
             self.mirror.decode(token, position, slot)
         if self.graph_decoder is not None:
-            return self.graph_decoder.decode(token, position, slot)
+            return self.graph_decoder.decode([token], position, slot)[-1]
         return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1]
 
     def snapshot(self, slot: int, length: int) -> CacheSnapshot:
@@ -200,7 +203,8 @@ class Engine:
     def decode_tokens(self, tokens: Sequence[int], position: int, slot: int = 0) -> torch.Tensor:
         """Logits [T, vocab] of consecutive tokens from `position`, each bit-identical to what `decode`
         gives for it: one pass reading the weights once when the decode kernel is batch-invariant, one
-        decode step per token otherwise (a batched prefill would change near-tied greedy choices)."""
+        decode step per token otherwise (a batched prefill would change near-tied greedy choices).
+        They stay on the engine's device: greedy verification needs only each row's argmax there."""
         self.check_fits(position + len(tokens))
         recurrent = self.cache.recurrent
         if recurrent is not None:  # checkpoints for `keep_tokens`; no batched kernel takes this state yet
@@ -211,15 +215,24 @@ class Engine:
                     pool.append(recurrent.save(slot))
                 elif i:
                     recurrent.save(slot, into=pool[i - 1])
-                rows.append(self.decode(t, position + i, slot))
+                rows.append(self.decode_step(t, position + i, slot).clone())  # graphs reuse their buffer
             self._checkpointed[slot] = len(tokens) - 1
             return torch.stack(rows)
         limit = getattr(self.model.decoder[1], "max_tokens", len(tokens))
         # a lone token (nothing drafted) is a plain decode step: a graph replay on GPUs
         if not self.batch_invariant_decode or not 1 < len(tokens) <= limit:
-            return torch.stack([self.decode(t, position + i, slot) for i, t in enumerate(tokens)])
+            steps = (self.decode_step(t, position + i, slot).clone() for i, t in enumerate(tokens))
+            return torch.stack(list(steps))
+        if self.graph_decoder is not None and self.mirror is None:  # followers mirror plain steps only
+            return self.graph_decoder.decode(tokens, position, slot).clone()  # the graph's buffer is reused
         ids = torch.tensor(list(tokens), dtype=torch.long)
-        return self.forward(ids, slot, position, all_logits=True, per_token=True).cpu()
+        return self.forward(ids, slot, position, all_logits=True, per_token=True)
+
+    def prepare_verification(self, n_tokens: int, slot: int = 0) -> None:
+        """Capture now the graphs that `decode_tokens` replays for up to `n_tokens` tokens on `slot` (one
+        per count), so the first speculative steps do not pay for captures."""
+        if self.graph_decoder is not None and self.mirror is None and self.cache.recurrent is None:
+            self.graph_decoder.prepare(slot, n_tokens)
 
     @property
     def rewindable(self) -> bool:

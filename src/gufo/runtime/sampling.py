@@ -34,18 +34,19 @@ class Sampler:
             self.generator.seed()
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
-        """Pick the next token from a 1-D float logit vector; `history` feeds the repeat penalty."""
+        """Pick the next token from a 1-D float logit vector (on any device: greedy picks where the logits
+        are, so only the id crosses to the host); `history` feeds the repeat penalty."""
         logits = self.penalized(logits, history)
         if self.params.greedy:
             return int(torch.argmax(logits))  # first maximum: ties go to the lowest id
-        ids, final = self._candidates(logits)
+        ids, final = self._candidates(logits.cpu())
         choice = torch.multinomial(final, 1, generator=self.generator)
         return int(ids[choice])
 
     def probabilities(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
         """The whole distribution `__call__` draws from, over the vocabulary (float64; greedy: a point
         mass on the argmax). Speculative sampling compares target and draft through it."""
-        logits = self.penalized(logits, history)
+        logits = self.penalized(logits, history).cpu()
         dense = torch.zeros(logits.numel(), dtype=torch.float64)
         if self.params.greedy:
             dense[int(torch.argmax(logits))] = 1.0
@@ -59,7 +60,7 @@ class Sampler:
         logits = logits.float()
         if p.repeat_penalty != 1.0 and history and p.repeat_last_n != 0:
             recent = history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history
-            ids = torch.tensor(sorted(set(recent)), dtype=torch.long)
+            ids = torch.tensor(sorted(set(recent)), dtype=torch.long, device=logits.device)
             picked = logits[ids]
             logits = logits.clone()
             logits[ids] = torch.where(picked > 0, picked / p.repeat_penalty, picked * p.repeat_penalty)

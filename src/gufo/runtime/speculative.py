@@ -292,6 +292,8 @@ def make_speculators(
     """One Speculator per KV slot of `engine`, each with its own proposer state; a draft model gets
     as many slots, slot i drafting for the target's slot i."""
     n_slots = engine.cache.n_slots
+    for slot in range(n_slots):  # the last sampled token plus at most draft_max drafts per pass
+        engine.prepare_verification(params.draft_max + 1, slot)
     if params.mode == "ngram":
         return [Speculator(engine, NgramProposer(params)) for _ in range(n_slots)]
     check_draft_model(engine.file, draft_model)
