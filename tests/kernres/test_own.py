@@ -86,7 +86,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     }
     dot = {f.dot_kernel.__name__ for f in gemv.FORMATS.values()}
     engine |= {"attention_decode_split", "attention_decode_combine"}
-    engine |= {"rms_norm_rows", "rope_rows", "gated_act_rows"}
+    engine |= {"rms_norm_rows", "add_rms_norm_rows", "rope_rows", "rms_norm_rope_rows", "gated_act_rows"}
     assert public == engine | dot
     for target, want in (("gfx1151", public - dot), ("sm_90", public)):  # no tensor-core path on ROCm
         symbols = {_binary(k).stem for k in kernels if k["arch"] == target}

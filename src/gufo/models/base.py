@@ -22,6 +22,7 @@ from gufo.models.layers import (
     RMSNorm,
     Rope,
     attention,
+    own_kernel,
 )
 from gufo.runtime.kv_cache import KVCache
 
@@ -84,6 +85,7 @@ class SelfAttention:
         self.k_norm = RMSNorm(mf, f"{prefix}.attn_k_norm.weight", eps, backend) if qk_norm else None
         self.cfg, self.rope, self.scale, self.window = cfg, rope, scale, window
         self.rope_kernel = registry.lookup(backend, "rope")[1]
+        self.norm_rope_kernel = own_kernel(backend, "rms_norm_rope") if qk_norm else None
         self.kernels = AttentionKernels.of(backend)
 
     def __call__(
@@ -114,11 +116,16 @@ class SelfAttention:
         q = q.reshape(n, cfg.n_heads, cfg.key_dim)
         k = k.reshape(n, cfg.n_kv_heads, cfg.key_dim)
         v = v.reshape(n, cfg.n_kv_heads, cfg.value_dim)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = self.rope_kernel.apply(q, *rope_tables, self.rope.neox)
-        k = self.rope_kernel.apply(k, *rope_tables, self.rope.neox)
+        if self.norm_rope_kernel is not None:  # QK norm and RoPE in one pass per tensor
+            fused, neox = self.norm_rope_kernel, self.rope.neox
+            q = fused.apply(q, self.q_norm.weight, self.q_norm.eps, *rope_tables, neox)
+            k = fused.apply(k, self.k_norm.weight, self.k_norm.eps, *rope_tables, neox)
+        else:
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+                k = self.k_norm(k)
+            q = self.rope_kernel.apply(q, *rope_tables, self.rope.neox)
+            k = self.rope_kernel.apply(k, *rope_tables, self.rope.neox)
         return attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window, self.kernels)
 
 
@@ -192,8 +199,8 @@ class DecoderLayer:
         start_pos: int | DevicePosition,
     ) -> torch.Tensor:
         h = self.attn(self.attn_norm(x), rope_tables, cache, index, slot, start_pos)
-        x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
-        h = self.ffn(self.ffn_norm(x))
+        x, normed = self.ffn_norm.after_add(x, h if self.post_attn_norm is None else self.post_attn_norm(h))
+        h = self.ffn(normed)
         return x + (h if self.post_ffn_norm is None else self.post_ffn_norm(h))
 
 

@@ -119,9 +119,28 @@ class RMSNorm:
         self.weight = vector(model_file, name).contiguous().to(backends.device_of(backend))
         self.eps = eps
         self.route, self.kernel = registry.lookup(backend, "rms_norm")
+        self.fused_add = own_kernel(backend, "add_rms_norm")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel.apply(x, self.weight, self.eps)
+
+    def after_add(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + h, the norm of x + h): one pass where the backend fuses them (a residual add and the
+        next pre-norm), else the add and this norm's kernel."""
+        if self.fused_add is not None:
+            return self.fused_add.apply(x, h, self.weight, self.eps)
+        total = x + h
+        return total, self(total)
+
+
+def own_kernel(backend: str, op: str) -> Any:
+    """The backend's own kernel for an optional fused op, or None where only the torch reference has it
+    (the caller then composes the unfused kernels, which keeps that backend's numbers as they were)."""
+    try:
+        route, kernel = registry.lookup(backend, op)
+    except KeyError:
+        return None
+    return kernel if route == backend else None
 
 
 @dataclass(frozen=True)

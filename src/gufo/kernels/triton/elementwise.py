@@ -1,4 +1,5 @@
-"""Fused row-wise kernels of a layer: RMSNorm, rotary embedding, gated activation (SwiGLU / GeGLU).
+"""Fused row-wise kernels of a layer: RMSNorm (alone, after a residual add, or before a rotary
+embedding: the QK norm), rotary embedding, gated activation (SwiGLU / GeGLU).
 
 Each replaces several torch kernels (a norm is square, mean, rsqrt and two multiplies; RoPE with
 tables is a concatenation and three elementwise passes; the gated activation two) with one pass that
@@ -32,6 +33,55 @@ def rms_norm_rows(x_ptr, w_ptr, out_ptr, K, stride_x, eps, BLOCK_K: tl.constexpr
 
 
 @triton.jit
+def add_rms_norm_rows(
+    x_ptr, h_ptr, w_ptr, sum_ptr, out_ptr, K, stride_x, stride_h, eps, BLOCK_K: tl.constexpr
+):  # fmt: skip
+    """sum[r] = x[r] + h[r] and out[r] = RMSNorm(sum[r]) * w, one program per row (the same arithmetic
+    as an add followed by `rms_norm_rows`)."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
+    x += tl.load(h_ptr + row * stride_h + k, mask=k < K, other=0.0).to(tl.float32)
+    tl.store(sum_ptr + row * K + k, x, mask=k < K)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+    w = tl.load(w_ptr + k, mask=k < K, other=0.0)
+    tl.store(out_ptr + row * K + k, x * inv * w, mask=k < K)
+
+
+@triton.jit
+def _partner(i, ROT, NEOX: tl.constexpr):
+    """The column each rotated column pairs with: the other half (NeoX) or the adjacent one."""
+    if NEOX:
+        half = ROT // 2
+        return tl.where(i < half, i + half, i - half)
+    return i ^ 1
+
+
+@triton.jit
+def rms_norm_rope_rows(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, D, ROT, stride_xt, stride_xh, stride_c, eps,
+    NEOX: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One program per (token, head): the head's RMSNorm with weight w, then `rope_rows`' rotation of
+    the normalised values, without writing them in between."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    i = tl.arange(0, BLOCK_D)
+    base = x_ptr + token * stride_xt + head * stride_xh
+    x = tl.load(base + i, mask=i < D, other=0.0)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    partner = _partner(i, ROT, NEOX)
+    rotating = i < ROT
+    x = x * inv * tl.load(w_ptr + i, mask=i < D, other=0.0)
+    x_partner = tl.load(base + partner, mask=rotating, other=0.0) * inv
+    x_partner = x_partner * tl.load(w_ptr + partner, mask=rotating, other=0.0)
+    cos = tl.load(cos_ptr + token * stride_c + i, mask=rotating, other=1.0)
+    sin = tl.load(sin_ptr + token * stride_c + i, mask=rotating, other=0.0)
+    out = out_ptr + (token * heads + head) * D + i
+    tl.store(out, x * cos + x_partner * sin, mask=i < D)
+
+
+@triton.jit
 def rope_rows(
     x_ptr, cos_ptr, sin_ptr, out_ptr, heads, D, ROT, stride_xt, stride_xh, stride_c,
     NEOX: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -43,11 +93,7 @@ def rope_rows(
     i = tl.arange(0, BLOCK_D)
     base = x_ptr + token * stride_xt + head * stride_xh
     x = tl.load(base + i, mask=i < D, other=0.0)
-    if NEOX:
-        half = ROT // 2
-        partner = tl.where(i < half, i + half, i - half)
-    else:
-        partner = i ^ 1
+    partner = _partner(i, ROT, NEOX)
     rotating = i < ROT
     x_partner = tl.load(base + partner, mask=rotating, other=0.0)
     cos = tl.load(cos_ptr + token * stride_c + i, mask=rotating, other=1.0)
@@ -96,6 +142,48 @@ class TritonRmsNorm:
                 x2, weight, out, k, x2.stride(0), eps, BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS
             )
         return out.reshape(x.shape)
+
+
+@register("cuda", "add_rms_norm")
+class TritonAddRmsNorm:
+    name = "triton-add-rms-norm"
+
+    @staticmethod
+    def apply(
+        x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x2, h2 = _rows(x), _rows(h)
+        total = torch.empty(x2.shape, dtype=torch.float32, device=x.device)
+        out = torch.empty_like(total)
+        if x2.shape[0]:
+            k = x2.shape[1]
+            add_rms_norm_rows[(x2.shape[0],)](
+                x2, h2, weight, total, out, k, x2.stride(0), h2.stride(0), eps,
+                BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS,
+            )  # fmt: skip
+        return total.reshape(x.shape), out.reshape(x.shape)
+
+
+@register("cuda", "rms_norm_rope")
+class TritonRmsNormRope:
+    name = "triton-rms-norm-rope"
+
+    @staticmethod
+    def apply(
+        x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, neox: bool
+    ) -> torch.Tensor:
+        """x [T, heads, D] (float32); weight [D]; cos/sin [T, rotated dims] from `Rope.tables`."""
+        tokens, heads, dim = x.shape
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        out = torch.empty(tokens, heads, dim, dtype=torch.float32, device=x.device)
+        if tokens:
+            rms_norm_rope_rows[(tokens, heads)](
+                x, weight, cos, sin, out, heads, dim, cos.shape[-1], x.stride(0), x.stride(1), cos.stride(0),
+                eps, NEOX=neox, BLOCK_D=triton.next_power_of_2(dim), num_warps=1,
+            )  # fmt: skip
+        return out
 
 
 @register("cuda", "rope")
@@ -147,9 +235,13 @@ def launch_examples():
     rotary embeddings and gated activations of the reference models, as meta tensors."""
     yield "float32"
     for width in REFERENCE_NORM_WIDTHS:
-        TritonRmsNorm.apply(torch.empty(1, width, device="meta"), torch.empty(width, device="meta"), 1e-6)
+        row, weight = torch.empty(1, width, device="meta"), torch.empty(width, device="meta")
+        TritonRmsNorm.apply(row, weight, 1e-6)
+        TritonAddRmsNorm.apply(row, row, weight, 1e-6)
     for heads, dim, neox in REFERENCE_ROPE:
         tables = torch.empty(1, dim, device="meta")
         TritonRope.apply(torch.empty(1, heads, dim, device="meta"), tables, tables, neox)
+        heads_in = torch.empty(1, heads, dim, device="meta")
+        TritonRmsNormRope.apply(heads_in, torch.empty(dim, device="meta"), 1e-6, tables, tables, neox)
     for width, act in REFERENCE_FFN:
         TritonGatedAct.apply(torch.empty(1, width, device="meta"), torch.empty(1, width, device="meta"), act)
