@@ -11,6 +11,8 @@ registered on the "cuda" backend beside its torch reference (`gufo.kernels.norm`
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -59,7 +61,7 @@ def _partner(i, ROT, NEOX: tl.constexpr):
 
 @triton.jit
 def rms_norm_rope_rows(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, D, ROT, stride_xt, stride_xh, stride_c, eps,
+    x_ptr, cos_ptr, sin_ptr, out_ptr, heads, D, ROT, stride_xt, stride_xh, stride_c, w_ptr, eps,
     NEOX: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """One program per (token, head): the head's RMSNorm with weight w, then `rope_rows`' rotation of
@@ -164,6 +166,24 @@ class TritonAddRmsNorm:
         return total.reshape(x.shape), out.reshape(x.shape)
 
 
+def _per_head(
+    kernel: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool, *extra: Any
+) -> torch.Tensor:
+    """Launch a one-program-per-(token, head) rotary kernel on x [T, heads, D]; `extra` arguments
+    follow the strides."""
+    tokens, heads, dim = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(tokens, heads, dim, dtype=torch.float32, device=x.device)
+    if tokens:
+        kernel[(tokens, heads)](
+            x, cos, sin, out, heads, dim, cos.shape[-1], x.stride(0), x.stride(1), cos.stride(0), *extra,
+            NEOX=neox, BLOCK_D=triton.next_power_of_2(dim), num_warps=1,
+        )  # fmt: skip
+    return out
+
+
 @register("cuda", "rms_norm_rope")
 class TritonRmsNormRope:
     name = "triton-rms-norm-rope"
@@ -173,17 +193,7 @@ class TritonRmsNormRope:
         x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, neox: bool
     ) -> torch.Tensor:
         """x [T, heads, D] (float32); weight [D]; cos/sin [T, rotated dims] from `Rope.tables`."""
-        tokens, heads, dim = x.shape
-        if x.stride(-1) != 1:
-            x = x.contiguous()
-        cos, sin = cos.contiguous(), sin.contiguous()
-        out = torch.empty(tokens, heads, dim, dtype=torch.float32, device=x.device)
-        if tokens:
-            rms_norm_rope_rows[(tokens, heads)](
-                x, weight, cos, sin, out, heads, dim, cos.shape[-1], x.stride(0), x.stride(1), cos.stride(0),
-                eps, NEOX=neox, BLOCK_D=triton.next_power_of_2(dim), num_warps=1,
-            )  # fmt: skip
-        return out
+        return _per_head(rms_norm_rope_rows, x, cos, sin, neox, weight, eps)
 
 
 @register("cuda", "rope")
@@ -193,17 +203,7 @@ class TritonRope:
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
         """x [T, heads, D] (float32); cos/sin [T, rotated dims] from `Rope.tables`."""
-        tokens, heads, dim = x.shape
-        if x.stride(-1) != 1:
-            x = x.contiguous()
-        cos, sin = cos.contiguous(), sin.contiguous()
-        out = torch.empty(tokens, heads, dim, dtype=torch.float32, device=x.device)
-        if tokens:
-            rope_rows[(tokens, heads)](
-                x, cos, sin, out, heads, dim, cos.shape[-1], x.stride(0), x.stride(1), cos.stride(0),
-                NEOX=neox, BLOCK_D=triton.next_power_of_2(dim), num_warps=1,
-            )  # fmt: skip
-        return out
+        return _per_head(rope_rows, x, cos, sin, neox)
 
 
 @register("cuda", "gated_act")
