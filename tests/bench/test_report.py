@@ -6,11 +6,15 @@ import csv
 import io
 import json
 import math
+from pathlib import Path
 
 import pytest
+import torch
 
 from gufo.bench.report import ftype_name, make_printer, make_record
 from gufo.bench.runner import BenchTest, Timing, plan_tests
+from gufo.bench.session import cache_type_name
+from gufo.runtime.kv_cache import KVCache
 
 BUILD = {
     "build_commit": "abc1234",
@@ -149,3 +153,12 @@ def test_csv_has_a_header_and_one_line_per_row():
     assert len(table) == 2
     assert table[0]["avg_ts"] == "506.0" and table[0]["samples_ts"] == "512.0;500.0"
     assert table[1]["n_depth"] == "4096" and table[0]["routes"] == "linear.Q4_1=cpu:cpu-int8-avx2"
+
+
+def test_cache_type_names_follow_llama_bench():
+    """type_k / type_v name the KV cache's element type as llama-bench does (its default f16 cache is
+    "f16" in the recorded llama-bench JSON fixture)."""
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "llamabench_a.json").read_text())
+    assert {row["type_k"] for row in fixture} == {"f16"}
+    assert cache_type_name(KVCache(1, 1, 1, 4, 8, 8, dtype=torch.float16)) == fixture[0]["type_k"]
+    assert cache_type_name(KVCache(1, 1, 1, 4, 8, 8)) == "f32"  # the CPU engine's cache

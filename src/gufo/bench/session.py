@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from gufo.bench.machine import backend_label, device_name
 from gufo.bench.report import make_record, model_fields
 from gufo.bench.runner import BenchRunner, BenchTest, Progress
@@ -16,6 +18,7 @@ from gufo.gguf.model_file import open_model_file
 from gufo.models.registry import check_architecture, check_supported_types
 from gufo.quality.validate_prefill import PrefillValidation, add_prefill_noise, validate_prefill
 from gufo.runtime.engine import Engine
+from gufo.runtime.kv_cache import KVCache
 from gufo.runtime.speculative import SpeculativeParams, make_speculator
 
 
@@ -40,6 +43,14 @@ class BenchPlan:
     @property
     def needed_context(self) -> int:
         return max([t.n_tokens for t in self.tests] + [self.validate_prefill or 0])
+
+
+# llama-bench's type_k / type_v names (ggml type names) of the cache element types gufo uses
+CACHE_TYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+def cache_type_name(cache: KVCache) -> str:
+    return CACHE_TYPE_NAMES[cache.dtype]
 
 
 def preflight(plan: BenchPlan) -> None:
@@ -121,8 +132,8 @@ def run_benchmarks(
                 "n_batch": n_batch,
                 "n_ubatch": n_ubatch,
                 "n_threads": n_threads,
-                "type_k": "f32",
-                "type_v": "f32",
+                "type_k": cache_type_name(engine.cache),
+                "type_v": cache_type_name(engine.cache),
                 "n_gpu_layers": 0 if engine.device == "cpu" else engine.config.n_layers,
                 "device": engine.device,
                 "device_name": device_name(engine.device),

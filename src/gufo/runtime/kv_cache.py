@@ -59,6 +59,11 @@ class KVCache:
             for length in lengths
         ]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """Element type of the keys and values."""
+        return self.keys[0].dtype
+
     def append(
         self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
