@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +43,12 @@ def inputs(n_tokens: int, gen: torch.Generator, device: str = "cuda") -> dict[st
     }
 
 
-def ours(x: dict[str, torch.Tensor], scale: float, dtype: torch.dtype = torch.float32, form=None):
+def ours(
+    x: dict[str, torch.Tensor],
+    scale: float,
+    dtype: torch.dtype = torch.float32,
+    form: Callable[..., torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """gufo's forms take q and k per value head (the model repeats key heads first); `form` defaults
     to what the engine runs: recurrent for one token, chunked for more."""
     per = VALUE_HEADS // KEY_HEADS
@@ -54,7 +60,7 @@ def ours(x: dict[str, torch.Tensor], scale: float, dtype: torch.dtype = torch.fl
     return out, state
 
 
-def fla(x: dict[str, torch.Tensor], scale: float, dtype: torch.dtype):
+def fla(x: dict[str, torch.Tensor], scale: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
     form = fused_recurrent_gated_delta_rule if x["q"].shape[0] == 1 else chunk_gated_delta_rule

@@ -136,10 +136,7 @@ class RMSNorm:
 def own_kernel(backend: str, op: str) -> Any:
     """The backend's own kernel for an optional fused op, or None where only the torch reference has it
     (the caller then composes the unfused kernels, which keeps that backend's numbers as they were)."""
-    try:
-        route, kernel = registry.lookup(backend, op)
-    except KeyError:
-        return None
+    route, kernel = registry.lookup(backend, op)
     return kernel if route == backend else None
 
 
@@ -209,9 +206,8 @@ def attention(
     keys, values = cache.append(layer, slot, start_pos, k, v)
     end = start_pos + n_tokens
     if per_token:  # decode: the one-token op over the cache prefix (it applies the window)
-        positions = range(start_pos, end)
         indices = torch.arange(start_pos, end, device=q.device)
-        spans = [kernels.decode.span(p, cache.context) for p in positions]
+        spans = [kernels.decode.span(p, cache.context) for p in range(start_pos, end)]
         return _decode_rows(kernels.decode, q, keys, values, indices, spans, scale, window).to(q.dtype)
     first = 0 if window is None else max(0, end - n_tokens - window + 1)
     return kernels.prefill.apply(q, keys[:, first:end], values[:, first:end], first, scale, window)
