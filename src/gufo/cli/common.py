@@ -101,7 +101,8 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eager",
         action="store_true",
-        help="GPU: run each decode step op by op instead of replaying a captured CUDA graph (debugging)",
+        help="GPU: run decode steps and prefill chunks op by op instead of replaying captured CUDA graphs "
+        "(debugging)",
     )
 
 

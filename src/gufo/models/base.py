@@ -112,6 +112,17 @@ class SelfAttention:
         start_pos: int | DevicePosition,
     ) -> torch.Tensor:
         """Projected q, k, v -> heads, QK norm, RoPE, cached attention: [T, n_heads * value_dim]."""
+        q, k, v = self.heads(q, k, v, rope_tables)
+        return attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window, self.kernels)
+
+    def heads(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projected q, k, v -> [T, heads, dim] each, q and k normed (QK norm) and rotated (RoPE)."""
         cfg, n = self.cfg, q.shape[0]
         q = q.reshape(n, cfg.n_heads, cfg.key_dim)
         k = k.reshape(n, cfg.n_kv_heads, cfg.key_dim)
@@ -126,7 +137,7 @@ class SelfAttention:
                 k = self.k_norm(k)
             q = self.rope_kernel.apply(q, *rope_tables, self.rope.neox)
             k = self.rope_kernel.apply(k, *rope_tables, self.rope.neox)
-        return attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window, self.kernels)
+        return q, k, v
 
 
 class GatedFFN:
@@ -199,6 +210,10 @@ class DecoderLayer:
         start_pos: int | DevicePosition,
     ) -> torch.Tensor:
         h = self.attn(self.attn_norm(x), rope_tables, cache, index, slot, start_pos)
+        return self.after_attention(x, h)
+
+    def after_attention(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The residual stream x after adding the token mixer's output h, then the FFN's."""
         x, normed = self.ffn_norm.after_add(x, h if self.post_attn_norm is None else self.post_attn_norm(h))
         h = self.ffn(normed)
         return x + (h if self.post_ffn_norm is None else self.post_ffn_norm(h))
@@ -278,17 +293,22 @@ class DecoderModel:
         A DevicePosition keeps every position-dependent step on the device, so the call
         can be captured in a CUDA graph. `per_token` runs several tokens through the decode-layer
         kernel instead of the prefill layers (speculative verification; see `Engine.decode_tokens`)."""
-        x = self.embedding(tokens)
-        if self.embedding_scale != 1.0:
-            x = x * self.embedding_scale
-        tables = {rope: self._rope_tables(rope, start_pos, tokens.shape[0], cache) for rope in self.ropes}
+        x = self.embed(tokens)
+        tables = {rope: self.rope_tables(rope, start_pos, tokens.shape[0], cache) for rope in self.ropes}
         for index in range(self.config.n_layers):
             x = self.block(index, x, tables, cache, slot, start_pos, per_token=per_token)
-        if not all_logits:
-            x = x[-1:]
-        return self.output(self.output_norm(x))
+        return self.head(x, all_logits)
 
-    def _rope_tables(
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids (1-D) -> the residual stream's first values [T, n_embd]."""
+        x = self.embedding(tokens)
+        return x * self.embedding_scale if self.embedding_scale != 1.0 else x
+
+    def head(self, x: torch.Tensor, all_logits: bool) -> torch.Tensor:
+        """The last layer's output [T, n_embd] -> logits [T, vocab], or [1, vocab] of the last token."""
+        return self.output(self.output_norm(x if all_logits else x[-1:]))
+
+    def rope_tables(
         self, rope: Rope, start_pos: int | DevicePosition, n_tokens: int, cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(start_pos, DevicePosition):

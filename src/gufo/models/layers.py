@@ -209,8 +209,22 @@ def attention(
         indices = torch.arange(start_pos, end, device=q.device)
         spans = [kernels.decode.span(p, cache.context) for p in range(start_pos, end)]
         return _decode_rows(kernels.decode, q, keys, values, indices, spans, scale, window).to(q.dtype)
-    first = 0 if window is None else max(0, end - n_tokens - window + 1)
-    return kernels.prefill.apply(q, keys[:, first:end], values[:, first:end], first, scale, window)
+    return attend_cached(q, keys, values, end, scale, window, kernels.prefill)
+
+
+def attend_cached(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    end: int,
+    scale: float,
+    window: int | None,
+    prefill: Any,
+) -> torch.Tensor:
+    """Prefill attention of q ([T, H, D], the tokens at cache positions end - T..end - 1) over a slot's
+    cache entries keys/values ([Hkv, context, D], already holding those tokens): [T, H * Dv]."""
+    first = 0 if window is None else max(0, end - q.shape[0] - window + 1)
+    return prefill.apply(q, keys[:, first:end], values[:, first:end], first, scale, window)
 
 
 def _decode_rows(
@@ -249,9 +263,7 @@ def _attention_at(
 ) -> torch.Tensor:
     """Decode attention without host-side positions: the KV writes and the causal/window masks read
     `position.index` on the device, over the whole cache (each token's span is bounded on the device)."""
-    keys, values = cache.keys[layer][slot], cache.values[layer][slot]
-    keys.index_copy_(1, position.index, k.transpose(0, 1).to(keys.dtype))
-    values.index_copy_(1, position.index, v.transpose(0, 1).to(values.dtype))
+    keys, values = cache.write(layer, slot, position.index, k, v)
     spans = [cache.context] * q.shape[0]
     return _decode_rows(decode, q, keys, values, position.index, spans, scale, window).to(q.dtype)
 

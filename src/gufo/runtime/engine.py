@@ -102,6 +102,13 @@ class Engine:
             limit = getattr(self.model.decoder[1], "max_tokens", 1) if self.batch_invariant_decode else 1
             device = backends.device_of(self.backend)
             self.graph_decoder = GraphDecoder(self.model, self.cache, device, limit)
+        # full prefill chunks (batch_size tokens) replay piecewise graphs around the attention
+        self.prefill_graphs = None
+        if self.graph_decoder is not None and tensor_parallel == 1:
+            from gufo.runtime.prefill_graph import PrefillGraphs
+
+            if PrefillGraphs.supports(self.model):
+                self.prefill_graphs = PrefillGraphs(self.model, self.cache, self.graph_decoder.device)
         # Rank 0 of a tensor-parallel launch tells the other ranks each step it takes (gufo.parallel.mirror)
         self.mirror = None
         if self.tensor_parallel_group is not None and self.tensor_parallel_group.leader:
@@ -114,6 +121,8 @@ class Engine:
         holding a collective makes ncclCommDestroy wait forever (pytorch/pytorch#115388)."""
         if self.graph_decoder is not None:
             self.graph_decoder.release()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.release()
 
     @property
     def follows(self) -> bool:
@@ -146,7 +155,11 @@ class Engine:
         for begin in range(0, len(tokens), self.batch_size):
             chunk = ids[begin : begin + self.batch_size]
             is_last = begin + self.batch_size >= len(tokens)
-            logits = self.forward(chunk, slot, start + begin, all_logits=all_logits)
+            if self.prefill_graphs is not None and len(chunk) == self.batch_size:
+                hidden = self.prefill_graphs.hidden(chunk, slot, start + begin)
+                logits = self.model.head(hidden, all_logits)
+            else:
+                logits = self.forward(chunk, slot, start + begin, all_logits=all_logits)
             if all_logits or is_last:
                 outputs.append(logits)
         return (torch.cat(outputs) if all_logits else outputs[-1][-1]).cpu()
@@ -248,7 +261,8 @@ class Engine:
 
     @property
     def graph_capture_seconds(self) -> float:
-        return self.graph_decoder.capture_seconds if self.graph_decoder is not None else 0.0
+        captures = (self.graph_decoder, self.prefill_graphs)
+        return sum(graphs.capture_seconds for graphs in captures if graphs is not None)
 
     @torch.inference_mode()
     def decode_batch(
