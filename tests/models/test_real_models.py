@@ -60,3 +60,20 @@ def test_decode_path_matches_batched_prefill(engine):
     log_p, log_q = torch.log_softmax(batched.double(), -1), torch.log_softmax(logits.double(), -1)
     # int8 activation rounding amplifies fp32 reordering; llama.cpp's own configurations differ by up to 0.009
     assert float((log_p.exp() * (log_p - log_q)).sum()) < 0.01
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="prefill graphs run on GPUs (GUFO_TEST_DEVICE=cuda)")
+def test_prefill_graphs_equal_eager_prefill(engine):
+    """Full chunks through the piecewise prefill graphs give the eager layers' logits bit for bit, on
+    the real files: gemma3's sliding window (512) and two RoPE bases included (the third chunk reaches
+    past the window)."""
+    from gufo.runtime.engine import Engine
+
+    alias, _ = engine
+    first = golden(alias)["prompts"][0]
+    prompt = ((first["prompt_ids"] + first["greedy_ids"]) * 64)[:768]
+    graphed = Engine(alias, device=DEVICE, context=1024, batch_size=256)
+    eager = Engine(alias, device=DEVICE, context=1024, batch_size=256, graphs=False)
+    got = graphed.prefill(prompt, all_logits=True)
+    assert list(graphed.prefill_graphs.graphs) == [(0, 256)]
+    assert torch.equal(got, eager.prefill(prompt, all_logits=True))
