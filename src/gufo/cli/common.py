@@ -68,7 +68,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=positive_int,
         default=DEFAULT_BATCH,
-        help=f"prompt tokens per forward pass during prefill (default {DEFAULT_BATCH})",
+        help=f"prompt tokens per forward pass during prefill (default {DEFAULT_BATCH}); on a GPU, chunks of "
+        "exactly this many tokens replay captured graphs",
     )
     parser.add_argument(
         "-t",
