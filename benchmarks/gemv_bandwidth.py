@@ -91,7 +91,7 @@ def copies_for(nbytes: int) -> int:
 
 
 def bench_format(
-    mod: ModuleType, qtype: GGMLQuantizationType, shape: str, ms: list[int]
+    mod: ModuleType, qtype: GGMLQuantizationType, shape: str, ms: list[int], dtype: torch.dtype
 ) -> list[dict[str, Any]]:
     n, k = SHAPES[shape]
     gen = torch.Generator("cuda").manual_seed(0)
@@ -104,7 +104,7 @@ def bench_format(
     ]
     rows = []
     for m in ms:
-        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
         t = per_call_ms([lambda w=w, x=x: mod.TritonLinear.apply(x, w) for w in weights])
         rows.append(
             {
@@ -147,6 +147,7 @@ def sweep(
     qtypes: list[GGMLQuantizationType],
     shapes: list[str],
     configs: list[tuple[int, int, int]],
+    dtype: torch.dtype,
 ) -> list[dict[str, Any]]:
     """M = 1 over vector-kernel launch shapes (block_n, step, num_warps)."""
     rows = []
@@ -155,7 +156,7 @@ def sweep(
         mod.vector_config = lambda q, n, k, c=(block_n, step, warps): mod.VectorConfig(*c)
         for qtype in qtypes:
             for shape in shapes:
-                for row in bench_format(mod, qtype, shape, [1]):
+                for row in bench_format(mod, qtype, shape, [1], dtype):
                     rows.append({**row, "config": f"{block_n}x{step}/w{warps}"})
                 print(rows[-1], flush=True)
     mod.vector_config = default
@@ -170,18 +171,25 @@ def main() -> None:
     parser.add_argument("--m", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--torch", action="store_true", help="also time torch's bf16 matmul")
     parser.add_argument("--sweep", nargs="*", help="vector configs BLOCK_NxSTEPxWARPS to try at M = 1")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="activation dtype (default float32, what decode multiplies)",
+    )
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     mod = load_module(args.module)
+    dtype = getattr(torch, args.dtype)
     qtypes = [Q[name] for name in args.formats]
     rows: list[dict[str, Any]] = []
     if args.sweep:
         configs = [tuple(int(v) for v in c.split("x")) for c in args.sweep]
-        rows += sweep(mod, qtypes, args.shapes, configs)  # type: ignore[arg-type]
+        rows += sweep(mod, qtypes, args.shapes, configs, dtype)  # type: ignore[arg-type]
     else:
         for qtype in qtypes:
             for shape in args.shapes:
-                rows += bench_format(mod, qtype, shape, args.m)
+                rows += bench_format(mod, qtype, shape, args.m, dtype)
         if args.torch:
             for shape in args.shapes:
                 rows += bench_torch(shape, args.m)

@@ -21,7 +21,7 @@ from gufo.quant import block_shape
 
 pytest.importorskip("triton")
 
-from gufo.kernels.triton import gemv  # noqa: E402  (needs triton)
+from gufo.kernels.triton import gemv, gemv_int8  # noqa: E402  (needs triton)
 
 Q = gguf.GGMLQuantizationType
 QTYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F32, Q.F16, Q.BF16]
@@ -64,10 +64,21 @@ def activations(m: int, k: int, dtype: torch.dtype = torch.float32) -> torch.Ten
     return torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
 
 
+def operands(x: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> torch.Tensor:
+    """The activations a product of x multiplies: x itself, or x quantized per 32 columns to int8 and
+    dequantized where the vector kernels take int8 activations (gemv_int8.py; its torch quantizer)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0] > gemv.MAX_BLOCK_M or not gemv.int8_activations(x, qtype):
+        return x
+    xq, xd, _ = gemv_int8.quantize_rows_reference(x2)
+    return (xq.float().reshape(xq.shape[0], -1, 32) * xd[..., None]).reshape(x.shape)
+
+
 def check(y: torch.Tensor, x: torch.Tensor, info: TensorInfo, rel: float) -> None:
-    """|y - x @ W^T| <= rel * (|x| @ |W|^T) elementwise: a relative bound that holds under cancellation."""
+    """|y - x @ W^T| <= rel * (|x| @ |W|^T) elementwise: a relative bound that holds under cancellation;
+    x as the kernel multiplies it (`operands`)."""
     w = ReferenceLinear.prepare(info).double()
-    xd = x.reshape(-1, x.shape[-1]).double()
+    xd = operands(x, info.qtype).reshape(-1, x.shape[-1]).double()
     want = (xd @ w.T).reshape(*x.shape[:-1], -1)
     bound = rel * (xd.abs() @ w.abs().T).reshape(want.shape) + 1e-30
     assert y.shape == want.shape and y.dtype == x.dtype, (y.shape, y.dtype)
@@ -123,6 +134,22 @@ def check_dequantize(qtype: gguf.GGMLQuantizationType, rows: int = ROWS, cols: i
         torch.testing.assert_close(half, got, rtol=2.0**-7, atol=1e-30)
 
 
+def check_quantize_rows() -> None:
+    """The int8 activation quantizer: bit for bit its torch oracle, and the `gguf` package's Q8_0
+    quantizer (the same rule, d = max|x| / 127, stored there as float16)."""
+    x = activations(3, 1024) * torch.logspace(-3, 2, 1024)  # blocks of very different magnitudes
+    x[1, 64:96] = 0.0  # an all-zero block: d = 0, q = 0
+    got = gemv_int8.quantize_rows(x)
+    for mine, oracle in zip(got, gemv_int8.quantize_rows_reference(x), strict=True):
+        assert torch.equal(mine, oracle)
+    xq, xd, xs = got
+    blocks = gguf.quants.quantize(x.numpy(), Q.Q8_0).reshape(3, -1, 34)
+    assert np.array_equal(blocks[..., 2:].view(np.int8).reshape(3, -1), xq.numpy())
+    assert np.array_equal(blocks[..., :2].copy().view(np.float16)[..., 0], xd.numpy().astype(np.float16))
+    sums = xq.float().reshape(3, -1, 16).sum(-1) * xd.repeat_interleave(2, -1)
+    torch.testing.assert_close(xs, sums, rtol=1e-6, atol=0)
+
+
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases: dict[str, Callable[[], None]] = {}
     for qtype in QTYPES:  # every format and row count (M > 16 takes two row tiles)
@@ -140,6 +167,7 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
     for qtype in QTYPES:
         cases[f"dequant-{qtype.name}"] = lambda q=qtype: check_dequantize(q)
     cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
+    cases["quantize_rows"] = check_quantize_rows
     return cases
 
 
@@ -207,3 +235,13 @@ def test_gpu_real_shapes(qtype, m):
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_gpu_dequantize_real_shape(qtype):
     check_dequantize(qtype, rows=4096 + 1000, cols=4096)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_quantize_rows_real_shape():
+    """The compiled quantizer bit for bit its torch oracle on a Qwen3-8B FFN width."""
+    x = activations(16, 12288) * 10.0
+    for mine, oracle in zip(
+        gemv_int8.quantize_rows(x.cuda()), gemv_int8.quantize_rows_reference(x), strict=True
+    ):
+        assert torch.equal(mine.cpu(), oracle)

@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from gufo.cli import main as cli_main  # noqa: E402
-from gufo.kernels.triton import attention, elementwise, gemv  # noqa: E402
+from gufo.kernels.triton import attention, elementwise, gemv, gemv_int8  # noqa: E402
 
 ALLOWANCE = Path(gemv.__file__).with_name("allowance.json")
 TARGETS = ("gfx1151", "sm_90")
@@ -77,7 +77,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     _, kernels = compiled
     public = {
         name
-        for module in (gemv, attention, elementwise)
+        for module in (gemv, gemv_int8, attention, elementwise)
         for name, obj in vars(module).items()
         if isinstance(obj, JITFunction) and not name.startswith("_")
     }
@@ -87,8 +87,12 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     dot = {f.dot_kernel.__name__ for f in gemv.FORMATS.values()}
     engine |= {"attention_decode_split", "attention_decode_combine"}
     engine |= {"rms_norm_rows", "add_rms_norm_rows", "rope_rows", "rms_norm_rope_rows", "gated_act_rows"}
-    assert public == engine | dot
-    for target, want in (("gfx1151", public - dot), ("sm_90", public)):  # no tensor-core path on ROCm
+    # NVIDIA multiplies float32 activations of these formats on int8 (dp4a) instead of their vector kernels
+    int8 = {k.__name__ for k in gemv_int8.KERNELS.values()} | {"quantize_rows_q8"}
+    replaced = {gemv.FORMATS[q].kernel.__name__ for q in gemv_int8.KERNELS}
+    assert public == engine | dot | int8
+    # no tensor-core or dp4a path on ROCm
+    for target, want in (("gfx1151", public - dot - int8), ("sm_90", public - replaced)):
         symbols = {_binary(k).stem for k in kernels if k["arch"] == target}
         assert symbols == want
         names = [k["name"] for k in kernels if k["arch"] == target]

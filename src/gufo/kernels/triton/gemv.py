@@ -893,6 +893,18 @@ def vector_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     return VectorConfig(4, max(FORMATS[qtype].block, min(widest, triton.next_power_of_2(k))), 4)
 
 
+INT8_FORMATS = (Q.Q8_0, Q.Q4_K, Q.Q6_K)  # vector products on int8 activations (gemv_int8.py)
+# Widest K step of those: Q8_0's 2-row 2048 step compiled with an 8-byte stack frame for sm_90 (Triton 3.6)
+INT8_MAX_STEP = {Q.Q8_0: 1024}
+
+
+def int8_activations(x: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
+    """Whether the vector product quantizes x to int8 first: float32 activations (what the engine
+    decodes with) of the formats gemv_int8.py has kernels for, where its dot4 is native (NVIDIA) or
+    emulated by the Triton interpreter (CPU tensors)."""
+    return x.dtype == torch.float32 and qtype in INT8_FORMATS and torch.version.hip is None
+
+
 def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> torch.Tensor:
     """x [..., K] (float32/float16/bfloat16, on the weight's device) -> x @ W^T [..., N] in x's dtype.
 
@@ -908,10 +920,14 @@ def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> to
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
     if x.dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None:
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
+        int8 = False
     else:
         config = vector_config(weight.qtype, n, k)
         kernel, block_n, step, warps = fmt.kernel, config.block_n, config.step, config.num_warps
         block_m = min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
+        int8 = int8_activations(x, weight.qtype)
+        if int8:
+            step = min(step, INT8_MAX_STEP.get(weight.qtype, step))
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
     if splits is None:
@@ -919,7 +935,14 @@ def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> to
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
     out = torch.empty(splits, m, n, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
-    if m:
+    if m and int8:
+        from gufo.kernels.triton import gemv_int8  # that module builds on this one's device helpers
+
+        grid = (grid_n, splits, grid_m)
+        gemv_int8.launch(
+            x2, weight.qtype, weight.planes, out, grid, n_steps, per_split, block_m, block_n, step, warps
+        )
+    elif m:
         kernel[(grid_n, splits, grid_m)](
             x2, *weight.planes, out, m, n, k, x2.stride(0), n_steps, per_split,
             BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, num_warps=warps,

@@ -1,0 +1,243 @@
+"""Skinny products on int8 activations: 4-way integer dot products instead of per-weight float math.
+
+The vector kernels of gemv.py turn every weight into a float and multiply it, about 11 instructions per
+4-bit weight (Nsight Compute on the H200, docs/BENCHMARKS.md): decode was bound by issuing them, at a
+fifth of the memory bandwidth. Here, as in llama.cpp's CUDA kernels and gufo's CPU backend
+(csrc/qgemm_cpu.c), the activations are first quantized per 32 columns to int8 (`quantize_rows_q8`:
+d = max|x| / 127, q = x * (1 / d) rounded half to even, plus d * (sum of q) per 16 columns), and a 32-bit
+word of weights meets a word of activations in one 4-way integer dot product (`_dot4`). Per 32-column
+block (16 for Q6_K's scales) the exact integer sum is scaled once by the weight's and the activations'
+scales; offsets (Q4_K's minimums, Q6_K's -32) go through the activation sums.
+
+Formats: Q8_0, Q4_K, Q6_K (what llama-quantize's Q8_0 and Q4_K_M mixes hold), with gemv.py's weight
+planes read as int32 words, its launch shapes, split-K and batch invariance (each activation row's
+arithmetic is the same for any number of rows). `_dot4` is PTX dp4a when compiled for NVIDIA; the
+Triton interpreter (CI) runs the same integer arithmetic with shifts and multiplies. AMD keeps the
+vector kernels until its dot4 instruction is wired (gemv.py chooses).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from gguf import GGMLQuantizationType
+
+from gufo.kernels.triton.gemv import _add_row, _kquant_scale_min, _store, _vector_program
+
+Q = GGMLQuantizationType
+
+ACT_BLOCK = 32  # activation columns per int8 scale
+QUANT_BLOCKS = 32  # activation blocks per program of the quantizer
+
+
+@triton.jit
+def quantize_rows_q8(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, BLOCKS: tl.constexpr):
+    """x [M, K] -> xq int8 [M, K], xd [M, K / 32] scales, xs [M, K / 16] = d * (sum of q) per 16."""
+    m = tl.program_id(0)
+    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    n_blocks = K // 32
+    i = tl.arange(0, 32)[None, :]
+    ok = (b < n_blocks)[:, None]
+    x = tl.load(x_ptr + m * stride_xm + b[:, None] * 32 + i, mask=ok, other=0.0).to(tl.float32)
+    # correctly rounded divisions (Triton's `/` on float32 may be approximate), as the oracle divides
+    d = tl.math.div_rn(tl.max(tl.abs(x), axis=1), 127.0)
+    inverse = tl.where(d != 0.0, tl.math.div_rn(1.0, tl.where(d != 0.0, d, 1.0)), 0.0)
+    # |x / d| <= 127: adding and subtracting 1.5 * 2^23 rounds to the nearest integer, ties to even
+    q = ((x * inverse[:, None] + 12582912.0) - 12582912.0).to(tl.int32)
+    tl.store(xq_ptr + m * K + b[:, None] * 32 + i, q.to(tl.int8), mask=ok)
+    tl.store(xd_ptr + m * n_blocks + b, d, mask=b < n_blocks)
+    sums = tl.sum(tl.reshape(q, (BLOCKS, 2, 16)), axis=2).to(tl.float32)
+    half = tl.arange(0, 2)[None, :]
+    tl.store(xs_ptr + m * (2 * n_blocks) + b[:, None] * 2 + half, d[:, None] * sums, mask=ok)
+
+
+def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The torch oracle of `quantize_rows_q8`: (xq int8 [M, K], xd [M, K/32], xs [M, K/16])."""
+    m = x.shape[0]
+    blocks = x.float().reshape(m, -1, ACT_BLOCK)
+    d = blocks.abs().amax(-1) / 127.0
+    inverse = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inverse[..., None])  # half to even
+    sums = q.reshape(m, -1, 2, 16).sum(-1)
+    return q.to(torch.int8).reshape(m, -1), d, (d[..., None] * sums).reshape(m, -1)
+
+
+@triton.jit
+def _dot4(a, b, NATIVE: tl.constexpr):
+    """Per element, the sum of the 4 products of the signed bytes of int32 words a and b."""
+    a, b = tl.broadcast(a, b)
+    if NATIVE:
+        return tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+            dtype=tl.int32, is_pure=True, pack=1,
+        )  # fmt: skip
+    total = tl.zeros_like(a)
+    for i in tl.static_range(4):
+        total += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
+    return total
+
+
+@triton.jit
+def gemv_q8_0_int8(
+    xq_ptr, xd_ptr, xs_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+):  # fmt: skip
+    # a block = 8 words of weights, 8 words of activations, one scale each
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_blocks = K // 32
+    j = tl.arange(0, 8)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        blk = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        at = tl.minimum(blk, n_blocks - 1)[None, :]  # the tail's clamped blocks meet x = 0
+        w = tl.load(qs_ptr + row[:, None, None] * (n_blocks * 8) + at[:, :, None] * 8 + j[None])
+        d = tl.load(d_ptr + row[:, None] * n_blocks + at).to(tl.float32)
+        for r in tl.static_range(BLOCK_M):
+            mr = tl.program_id(2) * BLOCK_M + r
+            ok = (blk < n_blocks) & (mr < M)
+            x = tl.load(xq_ptr + mr * (K // 4) + blk[:, None] * 8 + j, mask=ok[:, None], other=0)
+            xd = tl.load(xd_ptr + mr * n_blocks + blk, mask=ok, other=0.0)
+            dots = tl.sum(_dot4(w, x[None], NATIVE), axis=2).to(tl.float32)
+            acc = _add_row(acc, r, d * xd[None, :] * dots)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q4_k_int8(
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, n_steps,
+    steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+):  # fmt: skip
+    # chunk g (4 per super-block, c = g % 4) = 32 qs bytes = 8 words; byte l holds element 64g + l in
+    # its low nibble (sub-block 2c) and 64g + 32 + l in its high nibble (sub-block 2c + 1)
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_super = K // 256
+    j = tl.arange(0, 8)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 64) + tl.arange(0, STEP // 64)
+        sb = tl.minimum(g // 4, n_super - 1)[None, :]
+        c = (g % 4)[None, :]
+        w = tl.load(qs_ptr + row[:, None, None] * (n_super * 32) + (sb * 32 + c * 8)[:, :, None] + j[None])
+        low = w & 0x0F0F0F0F
+        high = (w >> 4) & 0x0F0F0F0F
+        d = tl.load(d_ptr + row[:, None] * n_super + sb).to(tl.float32)
+        dmin = tl.load(dmin_ptr + row[:, None] * n_super + sb).to(tl.float32)
+        scales = scales_ptr + row[:, None] * (n_super * 12) + sb * 12
+        sc_low, min_low = _kquant_scale_min(scales, 2 * c)
+        sc_high, min_high = _kquant_scale_min(scales, 2 * c + 1)
+        for r in tl.static_range(BLOCK_M):
+            mr = tl.program_id(2) * BLOCK_M + r
+            ok = (g < 4 * n_super) & (mr < M)
+            x_at = xq_ptr + mr * (K // 4) + g[:, None] * 16 + j
+            x_low = tl.load(x_at, mask=ok[:, None], other=0)
+            x_high = tl.load(x_at + 8, mask=ok[:, None], other=0)
+            xd_low = tl.load(xd_ptr + mr * (K // 32) + 2 * g, mask=ok, other=0.0)[None, :]
+            xd_high = tl.load(xd_ptr + mr * (K // 32) + 2 * g + 1, mask=ok, other=0.0)[None, :]
+            xs = xs_ptr + mr * (K // 16) + 4 * g
+            xs_low = (tl.load(xs, mask=ok, other=0.0) + tl.load(xs + 1, mask=ok, other=0.0))[None, :]
+            xs_high = (tl.load(xs + 2, mask=ok, other=0.0) + tl.load(xs + 3, mask=ok, other=0.0))[None, :]
+            dot_low = tl.sum(_dot4(low, x_low[None], NATIVE), axis=2).to(tl.float32)
+            dot_high = tl.sum(_dot4(high, x_high[None], NATIVE), axis=2).to(tl.float32)
+            scaled = sc_low * xd_low * dot_low + sc_high * xd_high * dot_high
+            part = d * scaled - dmin * (min_low * xs_low + min_high * xs_high)
+            acc = _add_row(acc, r, part)
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_q6_k_int8(
+    xq_ptr, xd_ptr, xs_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, n_steps,
+    steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+):  # fmt: skip
+    # half h of the row (2 per super-block, a = h % 2) = 128 elements: ql words lo = ql[64a + 4j],
+    # hi = ql[64a + 32 + 4j], qh words qh[32a + 4j] (j = 4p + jj < 8). Quarter t = 0..3 holds elements
+    # 128a + 32t + 4j..: low 4 bits (lo if t is even, else hi) >> 4 (t // 2), high 2 bits qh >> 2t; value
+    # q - 32 with q in 0..63, scale index 8a + 2t + p (16 elements each)
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_super = K // 256
+    pair = tl.arange(0, 2)[None, :]  # p
+    word = pair[:, :, None] * 4 + tl.arange(0, 4)[None, None, :]  # [1, 2, 4]: j
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        h = step * (STEP // 128) + tl.arange(0, STEP // 128)
+        sb = tl.minimum(h // 2, n_super - 1)
+        a = h % 2
+        ql = (
+            ql_ptr
+            + row[:, None, None, None] * (n_super * 32)
+            + (sb * 32 + a * 16)[None, :, None, None]
+            + word[None]
+        )
+        lo, hi = tl.load(ql), tl.load(ql + 8)
+        qh_at = (sb * 16 + a * 8)[None, :, None, None] + word[None]
+        qh = tl.load(qh_ptr + row[:, None, None, None] * (n_super * 16) + qh_at)
+        d = tl.load(d_ptr + row[:, None] * n_super + sb[None, :]).to(tl.float32)  # [BLOCK_N, halves]
+        scales = (
+            scales_ptr + row[:, None, None] * (n_super * 16) + (sb * 16 + a * 8)[None, :, None] + pair[None]
+        )
+        for t in tl.static_range(4):
+            bits = lo if t % 2 == 0 else hi
+            q = ((bits >> (4 * (t // 2))) & 0x0F0F0F0F) | (((qh >> (2 * t)) & 0x03030303) << 4)
+            sc = tl.load(scales + 2 * t).to(tl.float32)  # [BLOCK_N, halves, 2]
+            for r in tl.static_range(BLOCK_M):
+                mr = tl.program_id(2) * BLOCK_M + r
+                ok = (h < 2 * n_super) & (mr < M)
+                x_at = xq_ptr + mr * (K // 4) + (h * 32 + 8 * t)[:, None, None] + word
+                x = tl.load(x_at, mask=ok[:, None, None], other=0)  # [halves, 2, 4]
+                xd = tl.load(xd_ptr + mr * (K // 32) + 4 * h + t, mask=ok, other=0.0)[None, :, None]
+                xs_at = xs_ptr + mr * (K // 16) + (8 * h + 2 * t)[:, None] + pair
+                xs = tl.load(xs_at, mask=ok[:, None], other=0.0)[None]  # [1, halves, 2]
+                dots = tl.sum(_dot4(q, x[None], NATIVE), axis=3).to(tl.float32)  # [BLOCK_N, halves, 2]
+                part = sc * (xd * dots - 32.0 * xs)
+                acc = _add_row(acc, r, d * tl.sum(part, axis=2))
+    _store(out_ptr, acc, m, n, M, N, split)
+
+
+KERNELS = {Q.Q8_0: gemv_q8_0_int8, Q.Q4_K: gemv_q4_k_int8, Q.Q6_K: gemv_q6_k_int8}
+WORD_PLANES = {Q.Q8_0: (0,), Q.Q4_K: (3,), Q.Q6_K: (0, 1)}  # gemv.py planes of quant bytes, read as int32
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`quantize_rows_q8` on x [M, K] (K a multiple of 32, unit column stride)."""
+    m, k = x.shape
+    xq = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    xd = torch.empty(m, k // ACT_BLOCK, device=x.device)
+    xs = torch.empty(m, 2 * (k // ACT_BLOCK), device=x.device)
+    grid = (m, triton.cdiv(k // ACT_BLOCK, QUANT_BLOCKS))
+    # no fused multiply-add: x * (1 / d) must round before the rounding to an integer, as in the oracle
+    quantize_rows_q8[grid](
+        x, xq, xd, xs, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False
+    )
+    return xq, xd, xs
+
+
+def launch(
+    x: torch.Tensor,
+    qtype: GGMLQuantizationType,
+    planes: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    grid: tuple[int, int, int],
+    n_steps: int,
+    per_split: int,
+    block_m: int,
+    block_n: int,
+    step: int,
+    warps: int,
+) -> None:
+    """out[split, m, n] of x [M, K] and a gemv.py weight's planes, on int8 activations (see gemv.gemv)."""
+    m, k = x.shape
+    xq, xd, xs = quantize_rows(x)
+    words = tuple(p.view(torch.int32) if i in WORD_PLANES[qtype] else p for i, p in enumerate(planes))
+    KERNELS[qtype][grid](
+        xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, NATIVE=x.device.type != "cpu", num_warps=warps,
+        enable_fp_fusion=False,
+    )  # fmt: skip
+    # Without fused multiply-adds every row rounds the same way in any row tile: with them, some Q4_K
+    # rows of a 10-row product differed from the same rows alone on the H200 (batch invariance lost).
