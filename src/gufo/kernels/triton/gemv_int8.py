@@ -203,6 +203,12 @@ KERNELS = {Q.Q8_0: gemv_q8_0_int8, Q.Q4_K: gemv_q4_k_int8, Q.Q6_K: gemv_q6_k_int
 WORD_PLANES = {Q.Q8_0: (0,), Q.Q4_K: (3,), Q.Q6_K: (0, 1)}  # gemv.py planes of quant bytes, read as int32
 
 
+def native() -> bool:
+    """Whether `_dot4` compiles to dp4a: compiled kernels (gemv.py sends only NVIDIA here), not the
+    Triton interpreter, which runs the shift-and-multiply form."""
+    return not triton.knobs.runtime.interpret
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`quantize_rows_q8` on x [M, K] (K a multiple of 32, unit column stride)."""
     m, k = x.shape
@@ -236,7 +242,7 @@ def launch(
     words = tuple(p.view(torch.int32) if i in WORD_PLANES[qtype] else p for i, p in enumerate(planes))
     KERNELS[qtype][grid](
         xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, NATIVE=x.device.type != "cpu", num_warps=warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, NATIVE=native(), num_warps=warps,
         enable_fp_fusion=False,
     )  # fmt: skip
     # Without fused multiply-adds every row rounds the same way in any row tile: with them, some Q4_K
