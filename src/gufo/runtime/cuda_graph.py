@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -21,6 +22,19 @@ from gufo.models.layers import DevicePosition
 from gufo.runtime.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def record(graph: torch.cuda.CUDAGraph, pool: tuple, run: Callable[[], T]) -> T:
+    """Capture run() into graph (on the current stream, which must not be the default one), its
+    allocations from `pool`; returns what run returned (the graph's output tensors). capture_begin/end
+    rather than torch.cuda.graph(), whose synchronize and empty_cache made each capture cost ~0.1 s
+    (cached blocks freed, then allocated again)."""
+    graph.capture_begin(pool=pool)
+    try:
+        return run()
+    finally:
+        graph.capture_end()
 
 
 class GraphDecoder:
@@ -49,13 +63,7 @@ class GraphDecoder:
             self._forward(slot, n_tokens)  # warm-up outside the graph: lazy allocations, kernel autotuning
             if saved is not None:
                 self.cache.recurrent.load(slot, saved)
-            # capture_begin/end rather than torch.cuda.graph(), whose synchronize and empty_cache made
-            # each capture cost ~0.1 s (cached blocks freed, then allocated again)
-            graph.capture_begin(pool=self.pool)
-            try:
-                logits = self._forward(slot, n_tokens)
-            finally:
-                graph.capture_end()
+            logits = record(graph, self.pool, lambda: self._forward(slot, n_tokens))
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.capture_seconds += time.perf_counter() - started
         log.debug("captured decode graph slot=%d tokens=%d", slot, n_tokens)

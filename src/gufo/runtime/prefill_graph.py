@@ -22,6 +22,7 @@ import torch
 
 from gufo.models.base import DecoderLayer, DecoderModel, GatedFFN, SelfAttention
 from gufo.models.layers import Rope, attend_cached
+from gufo.runtime.cuda_graph import record
 from gufo.runtime.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,13 @@ class PrefillGraphs:
     def _buffers(self, n_tokens: int) -> _Buffers:
         if n_tokens not in self.buffers:
             cfg, dev = self.model.config, self.device
-            tables = {}
-            for rope in self.model.ropes:
-                cos, sin = rope.tables(torch.arange(n_tokens))
-                tables[rope] = (cos.to(dev), sin.to(dev))
+            tables = {
+                rope: (
+                    torch.empty(n_tokens, rope.dim, device=dev),
+                    torch.empty(n_tokens, rope.dim, device=dev),
+                )
+                for rope in self.model.ropes
+            }  # filled per chunk by `hidden`
             self.buffers[n_tokens] = _Buffers(
                 torch.zeros(n_tokens, dtype=torch.long, device=dev),
                 tables,
@@ -103,12 +107,8 @@ class PrefillGraphs:
         with torch.cuda.stream(side):
             for index in range(len(self.model.layers) + 1):
                 self._piece(index, slot, buf)  # the chunk's real work; also compiles and allocates
-                graph = torch.cuda.CUDAGraph()
-                graph.capture_begin(pool=self.pool)  # recorded only: the run above did the work
-                try:
-                    self._piece(index, slot, buf)
-                finally:
-                    graph.capture_end()
+                graph = torch.cuda.CUDAGraph()  # recorded only: the run above did the work
+                record(graph, self.pool, lambda index=index: self._piece(index, slot, buf))
                 graphs.append(graph)
                 if index < len(self.model.layers):
                     self._attend(index, slot, end, buf)

@@ -24,12 +24,19 @@ ACTIVATION_BLOCK = 1024  # elements per program of the gated activation
 
 
 @triton.jit
+def _inverse_rms(x, n, eps):
+    """1 / sqrt(mean(x^2) + eps) over the n valid values of x (the rest loaded as 0): one definition,
+    so the fused norms round exactly as `rms_norm_rows`."""
+    return 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
+
+
+@triton.jit
 def rms_norm_rows(x_ptr, w_ptr, out_ptr, K, stride_x, eps, BLOCK_K: tl.constexpr):
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one program per row."""
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+    inv = _inverse_rms(x, K, eps)
     w = tl.load(w_ptr + k, mask=k < K, other=0.0)
     tl.store(out_ptr + row * K + k, x * inv * w, mask=k < K)
 
@@ -45,7 +52,7 @@ def add_rms_norm_rows(
     x = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
     x += tl.load(h_ptr + row * stride_h + k, mask=k < K, other=0.0).to(tl.float32)
     tl.store(sum_ptr + row * K + k, x, mask=k < K)
-    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+    inv = _inverse_rms(x, K, eps)
     w = tl.load(w_ptr + k, mask=k < K, other=0.0)
     tl.store(out_ptr + row * K + k, x * inv * w, mask=k < K)
 
@@ -71,7 +78,7 @@ def rms_norm_rope_rows(
     i = tl.arange(0, BLOCK_D)
     base = x_ptr + token * stride_xt + head * stride_xh
     x = tl.load(base + i, mask=i < D, other=0.0)
-    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    inv = _inverse_rms(x, D, eps)
     partner = _partner(i, ROT, NEOX)
     rotating = i < ROT
     x = x * inv * tl.load(w_ptr + i, mask=i < D, other=0.0)
