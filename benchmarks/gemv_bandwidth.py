@@ -149,17 +149,20 @@ def sweep(
     configs: list[tuple[int, int, int]],
     dtype: torch.dtype,
 ) -> list[dict[str, Any]]:
-    """M = 1 over vector-kernel launch shapes (block_n, step, num_warps)."""
+    """M = 1 over vector-kernel launch shapes (block_n, step, num_warps), for the float kernels and the
+    int8 ones alike (a module without int8_config has the float kernels only)."""
     rows = []
-    default = mod.vector_config
+    chosen = {name: getattr(mod, name) for name in ("vector_config", "int8_config") if hasattr(mod, name)}
     for block_n, step, warps in configs:
-        mod.vector_config = lambda q, n, k, c=(block_n, step, warps): mod.VectorConfig(*c)
+        for name in chosen:
+            setattr(mod, name, lambda q, n, k, c=(block_n, step, warps): mod.VectorConfig(*c))
         for qtype in qtypes:
             for shape in shapes:
                 for row in bench_format(mod, qtype, shape, [1], dtype):
                     rows.append({**row, "config": f"{block_n}x{step}/w{warps}"})
                 print(rows[-1], flush=True)
-    mod.vector_config = default
+    for name, config in chosen.items():
+        setattr(mod, name, config)
     return rows
 
 

@@ -2,7 +2,9 @@
 
 Runs one prefill of --prompt random tokens (after --depth tokens of context), then --steps eager decode
 steps (op by op, so every kernel shows; graphs replay the same kernels), and prints the kernels by
-total GPU time with their launch counts. Needs a GPU:
+total GPU time with their launch counts. Then it times the same steps replayed from a captured CUDA
+graph: the step time minus the kernels' busy time is what launching and draining the kernels costs
+inside the graph. Needs a GPU:
 
     python benchmarks/profile_step.py -m qwen3-8b.gguf --prompt 2048 --depth 0 --steps 8
 """
@@ -11,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import random
+import time
 
+import torch
 from torch.profiler import ProfilerActivity, profile
 
+from gufo.runtime.cuda_graph import GraphDecoder
 from gufo.runtime.engine import Engine
 
 
@@ -52,9 +57,24 @@ def main() -> None:
         for i in range(1, args.steps + 1):
             engine.decode(tokens[position + i], position + i)
         engine.synchronize()
-    launches = sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA")
-    print(f"## {args.steps} eager decode steps at depth {position}: {launches / args.steps:.0f} kernels/step")
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    launches = sum(e.count for e in kernels) / args.steps
+    busy_us = sum(e.self_device_time_total for e in kernels) / args.steps
+    print(f"## {args.steps} eager decode steps at depth {position}: {launches:.0f} kernels/step")
     print(table(prof, args.rows))
+    graphs = GraphDecoder(engine.model, engine.cache, torch.device("cuda"))
+    graphs.decode([tokens[position]], position, 0)  # capture
+    engine.synchronize()
+    started = time.perf_counter()
+    for i in range(1, args.steps + 1):
+        graphs.decode([tokens[position + i]], position + i, 0)
+    engine.synchronize()
+    step_us = (time.perf_counter() - started) / args.steps * 1e6
+    print(
+        f"graph replay: {step_us:.0f} us/step; kernels busy {busy_us:.0f} us/step; "
+        f"the other {step_us - busy_us:.0f} us over {launches:.0f} launches = "
+        f"{(step_us - busy_us) / launches:.2f} us per launch"
+    )
 
 
 if __name__ == "__main__":

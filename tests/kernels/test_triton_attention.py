@@ -16,7 +16,9 @@ from gufo.kernels.attention import ReferenceAttentionDecode, decode_span
 
 pytest.importorskip("triton")
 
-from gufo.kernels.triton.attention import TritonAttentionDecode  # noqa: E402  (needs triton)
+from gufo.kernels.triton import attention as attention_kernels  # noqa: E402  (needs triton)
+from gufo.kernels.triton import gemv_int8  # noqa: E402
+from gufo.kernels.triton.attention import TritonAttentionDecode  # noqa: E402
 
 # (query heads, KV heads, head dim, cache entries given, query positions, window): SmolLM2's, gemma3's
 # (sliding window) and qwen3's head layouts; positions below the cache length (a captured graph's
@@ -33,19 +35,24 @@ SHAPES = [
 FLOAT32_TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def check_decode(shape: tuple, cache_dtype: torch.dtype, programs: int, device: str = "cpu") -> None:
-    """Against the float64 reference; and each token of a several-token launch gives exactly what it
-    gives alone over the cache prefix its one-token step reads (`decode_span`)."""
+def decode_inputs(shape: tuple, cache_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """q [T, H, D], keys and values (strided views of a longer cache) and the positions of a SHAPES row."""
     heads, kv_heads, dim, entries, positions, window = shape
     gen = torch.Generator().manual_seed(entries * heads)
     q = torch.randn(len(positions), heads, dim, generator=gen)
-    # strided views of a longer cache
     keys = torch.randn(kv_heads, entries + 5, dim, generator=gen).to(cache_dtype)[:, :entries]
     values = torch.randn(kv_heads, entries + 5, dim, generator=gen).to(cache_dtype)[:, :entries]
     if len(positions) == 1:
         keys[:, positions[0] + 1 :] = 3e4  # stale entries past the position must not count
         values[:, positions[0] + 1 :] = -3e4
-    at = torch.tensor(positions)
+    return q, keys, values, torch.tensor(positions)
+
+
+def check_decode(shape: tuple, cache_dtype: torch.dtype, programs: int, device: str = "cpu") -> None:
+    """Against the float64 reference; and each token of a several-token launch gives exactly what it
+    gives alone over the cache prefix its one-token step reads (`decode_span`)."""
+    heads, kv_heads, dim, entries, positions, window = shape
+    q, keys, values, at = decode_inputs(shape, cache_dtype)
     want = ReferenceAttentionDecode.apply(q.double(), keys.double(), values.double(), at, dim**-0.5, window)
     q, keys, values, at = q.to(device), keys.to(device), values.to(device), at.to(device)
     got = TritonAttentionDecode.apply(q, keys, values, at, dim**-0.5, window, programs=programs)
@@ -58,6 +65,16 @@ def check_decode(shape: tuple, cache_dtype: torch.dtype, programs: int, device: 
         assert torch.equal(alone[0], got[i]), (shape, i)
 
 
+def check_int8_output(shape: tuple, device: str = "cpu") -> None:
+    """With `int8` (the output projection's input, quantized as the combine kernel writes it): bit for
+    bit the float output through the separate quantizer, itself bit for bit the torch oracle."""
+    args = [t.to(device) for t in decode_inputs(shape, torch.float16)] + [shape[2] ** -0.5, shape[5]]
+    plain = TritonAttentionDecode.apply(*args, programs=64)
+    fused = TritonAttentionDecode.apply(*args, True, programs=64)
+    for mine, oracle in zip(fused, gemv_int8.quantize_rows(plain), strict=True):
+        assert torch.equal(mine, oracle)
+
+
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases: dict[str, Callable[[], None]] = {}
     for shape in SHAPES:
@@ -65,7 +82,30 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
             for programs in (1, 64):  # one range per KV head, and several (split, then combined)
                 name = f"{shape}-{str(dtype).removeprefix('torch.')}-p{programs}".replace(" ", "")
                 cases[name] = lambda s=shape, d=dtype, p=programs: check_decode(s, d, p)
+        # more ranges than the combine kernel holds at once: it loops over them
+        cases[f"{shape}-combine-loop".replace(" ", "")] = lambda s=shape: combine_in_steps(s)
+        # the elementwise products AMD runs instead of tl.dot
+        cases[f"{shape}-elementwise".replace(" ", "")] = lambda s=shape: elementwise_products(s)
+        cases[f"{shape}-int8".replace(" ", "")] = lambda s=shape: check_int8_output(s)
     return cases
+
+
+def elementwise_products(shape: tuple) -> None:
+    chosen = attention_kernels.use_dot
+    attention_kernels.use_dot = lambda: False
+    try:
+        check_decode(shape, torch.float16, 64)
+    finally:
+        attention_kernels.use_dot = chosen
+
+
+def combine_in_steps(shape: tuple) -> None:
+    held = attention_kernels.COMBINE_SPLITS
+    attention_kernels.COMBINE_SPLITS = 2
+    try:
+        check_decode(shape, torch.float16, 64)
+    finally:
+        attention_kernels.COMBINE_SPLITS = held
 
 
 interpreter_results, test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
@@ -87,6 +127,7 @@ def test_gpu_real_shapes(depth):
     check_decode((4, 1, 256, depth + 256, (depth,), 512), torch.float16, 0, "cuda")  # gemma3 sliding window
     drafts = tuple(range(depth + 250, depth + 260))  # verification across a span boundary
     check_decode((32, 8, 128, depth + 512, drafts, None), torch.float16, 0, "cuda")
+    check_int8_output((32, 8, 128, depth + 512, drafts, None), "cuda")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -13,13 +13,18 @@ import torch
 from triton_interpreter import interpreter_tests, run_cases
 
 from gufo.kernels import registry
-from gufo.kernels.norm import ReferenceAddRmsNorm, ReferenceRmsNorm, ReferenceRmsNormRope
+from gufo.kernels.norm import (
+    ReferenceAddRmsNorm,
+    ReferenceAttentionHeads,
+    ReferenceRmsNorm,
+    ReferenceRmsNormRope,
+)
 from gufo.kernels.pointwise import ReferenceGatedAct, ReferenceRope
 from gufo.models.layers import Rope
 
 pytest.importorskip("triton")
 
-from gufo.kernels.triton import elementwise  # noqa: E402  (needs triton)
+from gufo.kernels.triton import elementwise, gemv_int8  # noqa: E402  (needs triton)
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -75,6 +80,80 @@ def check_gated_act(rows: int, width: int, act: str, device: str = "cpu") -> Non
     torch.testing.assert_close(got, want, **TOL)
 
 
+def check_attention_heads(
+    tokens: int,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    rotated: int,
+    neox: bool,
+    norm: bool,
+    device: str = "cpu",
+) -> None:
+    """Against the torch reference (close), and bit for bit against the unfused kernels it replaces at
+    decode (the QK norm + RoPE kernels, then the cache dtype conversion): graph replays, which take the
+    fused kernel, must give eager steps' numbers."""
+    rope = Rope(rotated, 10000.0, neox)
+    positions = torch.arange(9, 9 + tokens)
+    cos, sin = rope.tables(positions)
+    widths = (heads * dim, kv_heads * dim, kv_heads * dim)
+    q, k, v = (
+        t.reshape(tokens, -1, dim) for t in randn(tokens, sum(widths), seed=dim).mul(2).split(widths, -1)
+    )
+    q_weight, k_weight = (randn(dim, seed=s) for s in (3, 4)) if norm else (None, None)
+    entries = torch.full((2, kv_heads, 9 + tokens + 3, dim), 7.0, dtype=torch.float16)
+    args = (q, k, v, q_weight, k_weight, 1e-6, cos, sin, neox)
+    want_entries = entries.clone()
+    want = ReferenceAttentionHeads.apply(*args, *want_entries, positions)
+    on_device = [None if t is None else t.to(device) for t in args[:5]] + [
+        1e-6,
+        cos.to(device),
+        sin.to(device),
+        neox,
+    ]
+    got_entries = entries.to(device)
+    got = elementwise.TritonAttentionHeads.apply(*on_device, *got_entries, positions.to(device)).cpu()
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(got_entries.cpu(), want_entries, rtol=1e-3, atol=1e-3)
+    rotate = (
+        (lambda x, w: elementwise.TritonRmsNormRope.apply(x, w, 1e-6, *on_device[6:]))
+        if norm
+        else (lambda x, w: elementwise.TritonRope.apply(x, *on_device[6:]))
+    )
+    assert torch.equal(got, rotate(on_device[0], on_device[3]).cpu())
+    rows = got_entries[:, :, positions.to(device)]
+    assert torch.equal(rows[0], rotate(on_device[1], on_device[4]).transpose(0, 1).half())
+    assert torch.equal(rows[1], on_device[2].transpose(0, 1).half())
+    untouched = torch.ones(entries.shape[2], dtype=torch.bool)
+    untouched[positions] = False
+    assert torch.equal(got_entries.cpu()[:, :, untouched], entries[:, :, untouched])
+
+
+def check_int8_outputs(rows: int, width: int, device: str = "cpu") -> None:
+    """The norms and the activation with `int8`: bit for bit their float output through the separate
+    quantizer (`quantize_rows`, itself bit for bit the torch oracle): fusing it changes no number."""
+    x = randn(rows, 2 * width, seed=width)[:, 1 : width + 1].mul(3).to(device)  # strided rows
+    h, weight = randn(rows, width, seed=2).to(device), randn(width, seed=1).to(device)
+    gate, up = randn(rows, 2 * width, seed=width).mul(4).to(device).split(width, dim=-1)
+    pairs = [
+        (
+            elementwise.TritonRmsNorm.apply(x, weight, 1e-6),
+            elementwise.TritonRmsNorm.apply(x, weight, 1e-6, True),
+        ),
+        (
+            elementwise.TritonAddRmsNorm.apply(x, h, weight, 1e-6)[1],
+            elementwise.TritonAddRmsNorm.apply(x, h, weight, 1e-6, True)[1],
+        ),
+        (
+            elementwise.TritonGatedAct.apply(gate, up, "silu"),
+            elementwise.TritonGatedAct.apply(gate, up, "silu", True),
+        ),
+    ]
+    for plain, fused in pairs:
+        for mine, oracle in zip(fused, gemv_int8.quantize_rows(plain), strict=True):
+            assert torch.equal(mine, oracle)
+
+
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases: dict[str, Callable[[], None]] = {
         "rms_norm-3x97": lambda: check_rms_norm(3, 97),
@@ -82,12 +161,18 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         "rms_norm-empty": lambda: check_rms_norm(0, 64),
         "add_rms_norm-3x97": lambda: check_add_rms_norm(3, 97),
         "add_rms_norm-empty": lambda: check_add_rms_norm(0, 64),
+        "int8-3x96": lambda: check_int8_outputs(3, 96),  # tail blocks of a 128-wide program
+        "int8-2x1504": lambda: check_int8_outputs(2, 1504),  # the activation's second program partly full
     }
     for neox in (True, False):
         cases[f"rope-full-neox{neox}"] = lambda n=neox: check_rope(3, 5, 64, 64, n)
         cases[f"rope-partial-neox{neox}"] = lambda n=neox: check_rope(2, 3, 48, 16, n)  # rotates 16 of 48
         cases[f"rms_norm_rope-full-neox{neox}"] = lambda n=neox: check_rms_norm_rope(3, 5, 64, 64, n)
         cases[f"rms_norm_rope-partial-neox{neox}"] = lambda n=neox: check_rms_norm_rope(2, 3, 48, 16, n)
+        for norm in (True, False):
+            cases[f"attention_heads-neox{neox}-norm{norm}"] = lambda n=neox, m=norm: check_attention_heads(
+                2, 6, 2, 48, 16 if n else 48, n, m
+            )
     for act in ("silu", "gelu_tanh"):
         cases[f"gated_act-{act}"] = lambda a=act: check_gated_act(3, 1500, a)  # two programs, a tail
     return cases
@@ -96,7 +181,9 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
 interpreter_results, test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "rope", "gated_act", "add_rms_norm", "rms_norm_rope"])
+@pytest.mark.parametrize(
+    "op", ["rms_norm", "rope", "gated_act", "add_rms_norm", "rms_norm_rope", "attention_heads"]
+)
 def test_registered_on_cuda_backend(op):
     assert registry.lookup("cuda", op)[0] == "cuda"
 
@@ -115,5 +202,9 @@ def test_gpu_real_widths():
         check_rope(37, 32, 128, 128, neox, "cuda")
         check_rms_norm_rope(37, 32, 128, 128, neox, "cuda")
     check_rms_norm_rope(5, 24, 256, 64, True, "cuda")  # qwen35's gated attention: 64 of 256 rotated
+    for norm in (True, False):
+        check_attention_heads(3, 32, 8, 128, 128, True, norm, "cuda")  # qwen3 8B, speculative drafts
     check_gated_act(37, 12288, "silu", "cuda")
+    check_int8_outputs(5, 4096, "cuda")
+    check_int8_outputs(5, 12288, "cuda")
     check_gated_act(5, 2048, "gelu_tanh", "cuda")

@@ -16,6 +16,7 @@ from triton_interpreter import interpreter_tests, run_cases
 
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels import registry
+from gufo.kernels.int8_rows import quantize_rows_reference
 from gufo.kernels.linear_reference import ReferenceLinear
 from gufo.quant import block_shape
 
@@ -70,7 +71,7 @@ def operands(x: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0] > gemv.MAX_BLOCK_M or not gemv.int8_activations(x, qtype):
         return x
-    xq, xd, _ = gemv_int8.quantize_rows_reference(x2)
+    xq, xd, _ = quantize_rows_reference(x2)
     return (xq.float().reshape(xq.shape[0], -1, 32) * xd[..., None]).reshape(x.shape)
 
 
@@ -140,7 +141,7 @@ def check_quantize_rows() -> None:
     x = activations(3, 1024) * torch.logspace(-3, 2, 1024)  # blocks of very different magnitudes
     x[1, 64:96] = 0.0  # an all-zero block: d = 0, q = 0
     got = gemv_int8.quantize_rows(x)
-    for mine, oracle in zip(got, gemv_int8.quantize_rows_reference(x), strict=True):
+    for mine, oracle in zip(got, quantize_rows_reference(x), strict=True):
         assert torch.equal(mine, oracle)
     xq, xd, xs = got
     blocks = gguf.quants.quantize(x.numpy(), Q.Q8_0).reshape(3, -1, 34)
@@ -148,6 +149,22 @@ def check_quantize_rows() -> None:
     assert np.array_equal(blocks[..., :2].copy().view(np.float16)[..., 0], xd.numpy().astype(np.float16))
     sums = xq.float().reshape(3, -1, 16).sum(-1) * xd.repeat_interleave(2, -1)
     torch.testing.assert_close(xs, sums, rtol=1e-6, atol=0)
+
+
+def check_int8_rows_input(qtype: gguf.GGMLQuantizationType) -> None:
+    """A product given rows already quantized (`Int8Rows`, as the fused norms hand them) equals the
+    product of the float rows, which it quantizes itself; formats without int8 kernels refuse them."""
+    info = random_tensor(qtype)
+    weight = gemv.TritonLinear.prepare(info)
+    x = activations(3, info.shape[1])
+    assert gemv.TritonLinear.takes_int8(weight, 3) and not gemv.TritonLinear.takes_int8(weight, 17)
+    assert torch.equal(
+        gemv.TritonLinear.apply(gemv_int8.quantize_rows(x), weight), gemv.TritonLinear.apply(x, weight)
+    )
+    other = gemv.TritonLinear.prepare(random_tensor(Q.Q4_0))
+    assert not gemv.TritonLinear.takes_int8(other, 1)
+    with pytest.raises(ValueError, match="no int8 kernel"):
+        gemv.gemv(gemv_int8.quantize_rows(x), other)
 
 
 def interpreter_cases() -> dict[str, Callable[[], None]]:
@@ -168,6 +185,8 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         cases[f"dequant-{qtype.name}"] = lambda q=qtype: check_dequantize(q)
     cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
     cases["quantize_rows"] = check_quantize_rows
+    for qtype in gemv.INT8_FORMATS:
+        cases[f"int8_rows_input-{qtype.name}"] = lambda q=qtype: check_int8_rows_input(q)
     return cases
 
 
@@ -241,7 +260,5 @@ def test_gpu_dequantize_real_shape(qtype):
 def test_gpu_quantize_rows_real_shape():
     """The compiled quantizer bit for bit its torch oracle on a Qwen3-8B FFN width."""
     x = activations(16, 12288) * 10.0
-    for mine, oracle in zip(
-        gemv_int8.quantize_rows(x.cuda()), gemv_int8.quantize_rows_reference(x), strict=True
-    ):
+    for mine, oracle in zip(gemv_int8.quantize_rows(x.cuda()), quantize_rows_reference(x), strict=True):
         assert torch.equal(mine.cpu(), oracle)

@@ -87,6 +87,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     dot = {f.dot_kernel.__name__ for f in gemv.FORMATS.values()}
     engine |= {"attention_decode_split", "attention_decode_combine"}
     engine |= {"rms_norm_rows", "add_rms_norm_rows", "rope_rows", "rms_norm_rope_rows", "gated_act_rows"}
+    engine.add("attention_heads_to_cache")
     # NVIDIA multiplies float32 activations of these formats on int8 (dp4a) instead of their vector kernels
     int8 = {k.__name__ for k in gemv_int8.KERNELS.values()} | {"quantize_rows_q8"}
     replaced = {gemv.FORMATS[q].kernel.__name__ for q in gemv_int8.KERNELS}

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
 from gufo.kernels.registry import REFERENCE_BACKEND, register
 
 
@@ -70,9 +71,10 @@ class ReferenceAttentionDecode:
         index: torch.Tensor,
         scale: float,
         window: int | None,
-    ) -> torch.Tensor:
+        int8: bool = False,
+    ) -> torch.Tensor | Int8Rows:
         """q [T, H, Dk] at cache positions index ([T] int64); keys/values [Hkv, span, D] (the cache
-        prefix, any dtype: computed in q's). Returns [T, H * Dv]."""
+        prefix, any dtype: computed in q's). Returns [T, H * Dv] (`int8`: as `Int8Rows`)."""
         n_tokens, n_kv, span = q.shape[0], keys.shape[0], keys.shape[1]
         # [Hkv, T, G, Dk]: the query heads sharing a KV head are adjacent
         grouped = q.reshape(n_tokens, n_kv, -1, q.shape[-1]).transpose(0, 1)
@@ -81,7 +83,8 @@ class ReferenceAttentionDecode:
         probs = torch.softmax(scores.masked_fill(~seen[:, None], float("-inf")), dim=-1)
         # entries past the position may hold anything (stale drafts, a NaN-filled test cache): not 0 * NaN
         values = torch.where(seen[None, :, :, None], values.to(q.dtype)[:, None], 0.0)
-        return torch.matmul(probs, values).transpose(0, 1).reshape(n_tokens, -1)
+        out = torch.matmul(probs, values).transpose(0, 1).reshape(n_tokens, -1)
+        return as_int8_rows(out) if int8 else out
 
 
 @register(REFERENCE_BACKEND, "attention_prefill")

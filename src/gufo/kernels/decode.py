@@ -75,7 +75,10 @@ class DeviceDecodeLayer(ReferenceDecodeLayer):
     ) -> torch.Tensor:
         if isinstance(start_pos, int) and x.shape[0] > 1:
             start_pos = TokenPositions(start_pos)
-        return plan[index](x, rope_tables, cache, index, slot, start_pos)
+        # each layer's last residual add goes into the next layer's pre-norm kernel (one launch fewer);
+        # the last layer adds its own
+        defer = index + 1 < len(plan)
+        return plan[index](x, rope_tables, cache, index, slot, start_pos, defer)
 
 
 _f32, _i32, _ptr = ctypes.c_float, ctypes.c_int32, ctypes.c_void_p

@@ -1,11 +1,13 @@
 """RMSNorm: torch reference and the CPU kernel (one C call instead of a handful of torch ops); the
-references of the fused ops a backend may offer: residual add + RMSNorm, and RMSNorm + RoPE (QK norm)."""
+references of the fused ops a backend may offer: residual add + RMSNorm, RMSNorm + RoPE (QK norm), and a
+decode step's heads written into the KV cache."""
 
 from __future__ import annotations
 
 import torch
 
 from gufo.kernels.cpu_int8 import library
+from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
 from gufo.kernels.pointwise import ReferenceRope
 from gufo.kernels.registry import REFERENCE_BACKEND, register
 
@@ -15,8 +17,12 @@ class ReferenceRmsNorm:
     name = "torch-rms-norm"
 
     @staticmethod
-    def apply(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    def apply(
+        x: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
+    ) -> torch.Tensor | Int8Rows:
+        """The norm of x's rows; `int8`: as `Int8Rows` (what a backend's int8 products take)."""
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+        return as_int8_rows(normed) if int8 else normed
 
 
 @register("cpu", "rms_norm")
@@ -44,10 +50,10 @@ class ReferenceAddRmsNorm:
 
     @staticmethod
     def apply(
-        x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]:
         total = x + h
-        return total, ReferenceRmsNorm.apply(total, weight, eps)
+        return total, ReferenceRmsNorm.apply(total, weight, eps, int8)
 
 
 @register(REFERENCE_BACKEND, "rms_norm_rope")
@@ -62,3 +68,37 @@ class ReferenceRmsNormRope:
     ) -> torch.Tensor:
         """x [T, heads, head_dim]; weight [head_dim]; cos/sin as `ReferenceRope` takes them."""
         return ReferenceRope.apply(ReferenceRmsNorm.apply(x, weight, eps), cos, sin, neox)
+
+
+@register(REFERENCE_BACKEND, "attention_heads")
+class ReferenceAttentionHeads:
+    """A decode step's projected heads: q and k normed (QK norm, when weights are given) and rotated;
+    k and v written into the cache at the tokens' positions; returns q."""
+
+    name = "torch-attention-heads"
+
+    @staticmethod
+    def apply(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_weight: torch.Tensor | None,
+        k_weight: torch.Tensor | None,
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        neox: bool,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        index: torch.Tensor,
+    ) -> torch.Tensor:
+        """q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv]; keys/values: a slot's cache [Hkv, context, D]
+        (any dtype), written at positions index ([T] int64); cos/sin as `ReferenceRope` takes them."""
+
+        def rotate(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+            normed = x if weight is None else ReferenceRmsNorm.apply(x, weight, eps)
+            return ReferenceRope.apply(normed, cos, sin, neox)
+
+        keys.index_copy_(1, index, rotate(k, k_weight).transpose(0, 1).to(keys.dtype))
+        values.index_copy_(1, index, v.transpose(0, 1).to(values.dtype))
+        return rotate(q, q_weight)

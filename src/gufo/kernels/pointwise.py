@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
 from gufo.kernels.registry import REFERENCE_BACKEND, register
 
 
@@ -47,5 +48,7 @@ class ReferenceGatedAct:
     name = "torch-gated-act"
 
     @staticmethod
-    def apply(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
-        return ACTIVATIONS[act](gate) * up
+    def apply(gate: torch.Tensor, up: torch.Tensor, act: str, int8: bool = False) -> torch.Tensor | Int8Rows:
+        """act(gate) * up; `int8`: as `Int8Rows` (what a backend's int8 products take)."""
+        out = ACTIVATIONS[act](gate) * up
+        return as_int8_rows(out) if int8 else out

@@ -11,6 +11,7 @@ import torch
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry
 from gufo.kernels.attention import RowPositions
+from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.registry import REFERENCE_BACKEND
 from gufo.models.layers import (
     ACTIVATIONS,
@@ -21,8 +22,10 @@ from gufo.models.layers import (
     Linear,
     RMSNorm,
     Rope,
+    attend_written,
     attention,
     own_kernel,
+    takes_int8,
 )
 from gufo.runtime.kv_cache import KVCache
 
@@ -86,11 +89,15 @@ class SelfAttention:
         self.cfg, self.rope, self.scale, self.window = cfg, rope, scale, window
         self.rope_kernel = registry.lookup(backend, "rope")[1]
         self.norm_rope_kernel = own_kernel(backend, "rms_norm_rope") if qk_norm else None
+        self.heads_kernel = own_kernel(backend, "attention_heads")  # decode: heads into the cache at once
         self.kernels = AttentionKernels.of(backend)
+
+    def takes_int8(self, rows: int) -> bool:
+        return self.qkv.takes_int8(rows)
 
     def __call__(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | Int8Rows,
         rope_tables: tuple[torch.Tensor, torch.Tensor],
         cache: KVCache,
         layer: int,
@@ -98,7 +105,8 @@ class SelfAttention:
         start_pos: int | DevicePosition,
     ) -> torch.Tensor:
         q, k, v = self.qkv(x)
-        return self.o(self.attend(q, k, v, rope_tables, cache, layer, slot, start_pos))
+        int8 = takes_int8(self.o, q)
+        return self.o(self.attend(q, k, v, rope_tables, cache, layer, slot, start_pos, int8))
 
     def attend(
         self,
@@ -110,8 +118,16 @@ class SelfAttention:
         layer: int,
         slot: int,
         start_pos: int | DevicePosition,
-    ) -> torch.Tensor:
-        """Projected q, k, v -> heads, QK norm, RoPE, cached attention: [T, n_heads * value_dim]."""
+        int8: bool = False,
+    ) -> torch.Tensor | Int8Rows:
+        """Projected q, k, v -> heads, QK norm, RoPE, cached attention: [T, n_heads * value_dim].
+        `int8`: the output projection takes `Int8Rows`, which a graph-captured decode step hands it."""
+        if isinstance(start_pos, DevicePosition) and self.heads_kernel is not None:
+            keys, values = cache.entries(layer, slot)
+            q = self.heads_kernel.apply(*self._shaped(q, k, v), *self._qk_norms(), *rope_tables,
+                                        self.rope.neox, keys, values, start_pos.index)  # fmt: skip
+            decode = self.kernels.decode
+            return attend_written(q, keys, values, start_pos, self.scale, self.window, decode, int8)
         q, k, v = self.heads(q, k, v, rope_tables)
         return attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window, self.kernels)
 
@@ -123,10 +139,7 @@ class SelfAttention:
         rope_tables: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Projected q, k, v -> [T, heads, dim] each, q and k normed (QK norm) and rotated (RoPE)."""
-        cfg, n = self.cfg, q.shape[0]
-        q = q.reshape(n, cfg.n_heads, cfg.key_dim)
-        k = k.reshape(n, cfg.n_kv_heads, cfg.key_dim)
-        v = v.reshape(n, cfg.n_kv_heads, cfg.value_dim)
+        q, k, v = self._shaped(q, k, v)
         if self.norm_rope_kernel is not None:  # QK norm and RoPE in one pass per tensor
             fused, neox = self.norm_rope_kernel, self.rope.neox
             q = fused.apply(q, self.q_norm.weight, self.q_norm.eps, *rope_tables, neox)
@@ -138,6 +151,21 @@ class SelfAttention:
             q = self.rope_kernel.apply(q, *rope_tables, self.rope.neox)
             k = self.rope_kernel.apply(k, *rope_tables, self.rope.neox)
         return q, k, v
+
+    def _shaped(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cfg, n = self.cfg, q.shape[0]
+        return (
+            q.reshape(n, cfg.n_heads, cfg.key_dim),
+            k.reshape(n, cfg.n_kv_heads, cfg.key_dim),
+            v.reshape(n, cfg.n_kv_heads, cfg.value_dim),
+        )
+
+    def _qk_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        if self.q_norm is None:
+            return None, None, 0.0
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
 
 
 class GatedFFN:
@@ -162,8 +190,13 @@ class GatedFFN:
         self.act_name = act
         self.activation = registry.lookup(backend, "gated_act")[1]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def takes_int8(self, rows: int) -> bool:
+        return self.gate_up.takes_int8(rows)
+
+    def __call__(self, x: torch.Tensor | Int8Rows) -> torch.Tensor:
         gate, up = self.gate_up(x)
+        if takes_int8(self.down, gate):
+            return self.down(self.activation.apply(gate, up, self.act_name, int8=True))
         return self.down(self.activation.apply(gate, up, self.act_name))
 
 
@@ -208,15 +241,40 @@ class DecoderLayer:
         index: int,
         slot: int,
         start_pos: int | DevicePosition,
-    ) -> torch.Tensor:
-        h = self.attn(self.attn_norm(x), rope_tables, cache, index, slot, start_pos)
-        return self.after_attention(x, h)
+        defer: bool = False,
+    ) -> torch.Tensor | Residual:
+        """The residual stream after this layer. x may be a `Residual` (the previous layer's deferred
+        add, done here with this layer's pre-norm); `defer` returns this layer's add deferred too."""
+        if isinstance(x, Residual):
+            x, normed = self.attn_norm.after_add(x.stream, x.pending, takes_int8(self.attn, x.stream))
+        else:
+            normed = self.attn_norm(x, takes_int8(self.attn, x))
+        h = self.attn(normed, rope_tables, cache, index, slot, start_pos)
+        return self.after_attention(x, h, defer)
 
-    def after_attention(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """The residual stream x after adding the token mixer's output h, then the FFN's."""
-        x, normed = self.ffn_norm.after_add(x, h if self.post_attn_norm is None else self.post_attn_norm(h))
+    def after_attention(
+        self, x: torch.Tensor, h: torch.Tensor, defer: bool = False
+    ) -> torch.Tensor | Residual:
+        """The residual stream x after adding the token mixer's output h, then the FFN's (that last add
+        left pending in a `Residual` with `defer`)."""
+        h = h if self.post_attn_norm is None else self.post_attn_norm(h)
+        x, normed = self.ffn_norm.after_add(x, h, takes_int8(self.ffn, x))
         h = self.ffn(normed)
-        return x + (h if self.post_ffn_norm is None else self.post_ffn_norm(h))
+        h = h if self.post_ffn_norm is None else self.post_ffn_norm(h)
+        return Residual(x, h) if defer else x + h
+
+
+@dataclass(frozen=True)
+class Residual:
+    """The residual stream with an addend still to add: a decode layer leaves its last add to the next
+    layer's pre-norm, which does both in one launch (`RMSNorm.after_add`)."""
+
+    stream: torch.Tensor
+    pending: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.stream.shape
 
 
 class DecoderModel:

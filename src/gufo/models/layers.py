@@ -13,6 +13,7 @@ import torch
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry  # noqa: F401  (backends registers every kernel)
 from gufo.kernels.attention import TokenPositions
+from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.linear_reference import dequantize_tensor, raw_rows
 from gufo.kernels.pointwise import ACTIVATIONS, gelu_tanh  # noqa: F401  (the models' activation names)
 from gufo.quant import dequantize
@@ -48,9 +49,15 @@ class Linear:
         # Tensor parallelism sets a collective on a shard's partial output (gufo.parallel.model).
         self.after: Callable[[torch.Tensor], torch.Tensor] | None = None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor | Int8Rows) -> torch.Tensor:
         y = self.kernel.apply(x, self.weight)
         return y if self.after is None else self.after(y)
+
+    def takes_int8(self, rows: int) -> bool:
+        """Whether this product of `rows` rows may be given them as `Int8Rows` (the kernel that makes
+        them quantizes as it writes: one launch fewer)."""
+        takes = getattr(self.kernel, "takes_int8", None)
+        return takes is not None and takes(self.weight, rows)
 
 
 def stack_rows(infos: list[TensorInfo]) -> TensorInfo:
@@ -80,7 +87,10 @@ class FusedLinear:
         grouped = [i for group in by_type.values() for i in group]
         self.order = [grouped.index(i) for i in range(len(infos))]
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def takes_int8(self, rows: int) -> bool:
+        return all(part.takes_int8(rows) for part in self.parts)
+
+    def __call__(self, x: torch.Tensor | Int8Rows) -> list[torch.Tensor]:
         outputs: list[torch.Tensor] = []
         for part in self.parts:
             y = part(x)
@@ -121,16 +131,34 @@ class RMSNorm:
         self.route, self.kernel = registry.lookup(backend, "rms_norm")
         self.fused_add = own_kernel(backend, "add_rms_norm")
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, int8: bool = False) -> torch.Tensor | Int8Rows:
+        """The norm of x; with `int8` (only where the consumer `takes_int8`), as `Int8Rows`."""
+        if int8:
+            return self.kernel.apply(x, self.weight, self.eps, int8=True)
         return self.kernel.apply(x, self.weight, self.eps)
 
-    def after_add(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def after_add(
+        self, x: torch.Tensor, h: torch.Tensor, int8: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]:
         """(x + h, the norm of x + h): one pass where the backend fuses them (a residual add and the
-        next pre-norm), else the add and this norm's kernel."""
+        next pre-norm), else the add and this norm's kernel. `int8` as in __call__."""
         if self.fused_add is not None:
+            if int8:
+                return self.fused_add.apply(x, h, self.weight, self.eps, int8=True)
             return self.fused_add.apply(x, h, self.weight, self.eps)
         total = x + h
-        return total, self(total)
+        return total, self(total, int8)
+
+
+def rows_of(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def takes_int8(consumer: Any, x: torch.Tensor) -> bool:
+    """Whether the module that reads x's rows next (a product, an FFN, a token mixer) takes them as
+    `Int8Rows`; False for consumers that do not say."""
+    takes = getattr(consumer, "takes_int8", None)
+    return takes is not None and takes(rows_of(x))
 
 
 def own_kernel(backend: str, op: str) -> Any:
@@ -262,9 +290,27 @@ def _attention_at(
     decode: Any,
 ) -> torch.Tensor:
     """Decode attention without host-side positions: the KV writes and the causal/window masks read
-    `position.index` on the device, over the whole cache (each token's span is bounded on the device)."""
+    `position.index` on the device."""
     keys, values = cache.write(layer, slot, position.index, k, v)
-    spans = [cache.context] * q.shape[0]
+    return attend_written(q, keys, values, position, scale, window, decode)
+
+
+def attend_written(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    position: DevicePosition,
+    scale: float,
+    window: int | None,
+    decode: Any,
+    int8: bool = False,
+) -> torch.Tensor | Int8Rows:
+    """Decode attention of q ([T, H, D]) at device positions over a slot's whole cache (keys/values
+    [Hkv, context, D], already holding the tokens' entries): each token's span is bounded on the device.
+    `int8`: as `Int8Rows` where the op takes all tokens at once (it quantizes as it writes)."""
+    if int8 and getattr(decode, "tokens_at_once", False):
+        return decode.apply(q, keys, values, position.index, scale, window, True)
+    spans = [keys.shape[1]] * q.shape[0]
     return _decode_rows(decode, q, keys, values, position.index, spans, scale, window).to(q.dtype)
 
 

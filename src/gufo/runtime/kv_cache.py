@@ -76,12 +76,16 @@ class KVCache:
         values[:, start:end] = v.transpose(0, 1)
         return keys, values
 
+    def entries(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's keys and values of the slot, [kv_heads, ctx, dim] each (views into the cache)."""
+        return self.keys[layer][slot], self.values[layer][slot]
+
     def write(
         self, layer: int, slot: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`append` at positions held on the device (index [T] int64, no bounds check on the host), so
         the write can be captured in a CUDA graph; returns the slot's [kv_heads, ctx, dim]."""
-        keys, values = self.keys[layer][slot], self.values[layer][slot]
+        keys, values = self.entries(layer, slot)
         keys.index_copy_(1, index, k.transpose(0, 1).to(keys.dtype))
         values.index_copy_(1, index, v.transpose(0, 1).to(values.dtype))
         return keys, values

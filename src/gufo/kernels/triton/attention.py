@@ -23,91 +23,145 @@ import triton
 import triton.language as tl
 
 from gufo.kernels.attention import SPAN_STEP, decode_span
+from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
 from gufo.kernels.registry import register
+from gufo.kernels.triton.gemv_int8 import _store_int8_blocks
 
-ELEMENTS_PER_STEP = 8192  # GROUP x BLOCK_T x head_dim products per loop step (register budget)
+ELEMENTS_PER_STEP = 8192  # GROUP x BLOCK_T x head_dim products per loop step, elementwise (register budget)
+DOT_ELEMENTS = 4096  # BLOCK_T x head_dim per loop step with tl.dot (NVIDIA)
+DOT_ROWS = 16  # the smallest M of tl.dot: query heads held per program on that path
 NUM_WARPS = 4
-# At most this many context ranges per KV head: the combine kernel holds SPLITS x head_dim partials per
-# program, and 256 x 256 spilled registers on sm_90 and gfx1151 (`gufo kernels own`).
-MAX_SPLITS = 32
+NUM_STAGES = 3  # loop steps in flight on the tl.dot path (Triton pipelines the key and value loads)
+# Context ranges per KV head at most (one program each).
+MAX_SPLITS = 256
+PROGRAMS_PER_MULTIPROCESSOR = 2  # programs per token aimed for (ranges x KV heads)
+COMBINE_SPLITS = 32  # ranges the combine kernel holds at once (it loops over the rest)
+COMBINE_COLUMNS = 32  # value columns per combine program (one int8 block)
+
+
+@triton.jit
+def _range_size(index, context, n_splits, BLOCK_T: tl.constexpr, SPAN: tl.constexpr):
+    """Cache entries per range for a token at `index`: its span (decode_span: whole SPAN blocks up to
+    the position) cut into n_splits ranges of whole loop steps; ranges past the position stay empty."""
+    span = tl.minimum(context, (index // SPAN + 1) * SPAN)
+    return tl.cdiv(tl.cdiv(span, n_splits), BLOCK_T) * BLOCK_T
+
+
+@triton.jit
+def _product(a, b, DOT: tl.constexpr):
+    """a [M, K] @ b [K, N] in float32: tl.dot on tensor cores (NVIDIA) with the float32 operands split
+    into three TF32 products (about float32 accuracy; float16 cache entries are exact in TF32), or an
+    elementwise product summed over K (AMD, where tl.dot tiles spilled on gfx1151). A float32 tl.dot
+    without tensor cores spilled on sm_90."""
+    if DOT:
+        return tl.dot(a, b, input_precision="tf32x3")
+    return tl.sum(a[:, :, None] * b[None, :, :], axis=1)
 
 
 @triton.jit
 def attention_decode_split(
     q_ptr, k_ptr, v_ptr, index_ptr, acc_ptr, max_ptr, sum_ptr,
     stride_kh, stride_kt, stride_vh, stride_vt, context, window, scale, H, G, DK, DV,
-    GROUP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    WINDOWED: tl.constexpr, SPAN: tl.constexpr,
+    GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr, WINDOWED: tl.constexpr, SPAN: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
+    """Per (KV head, range, token): the G query heads of the KV head (ROWS held, GROUP stored) over the
+    range's keys and values, as a partial softmax: running maximum, sum and weighted values."""
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
     token = tl.program_id(2)
     index = tl.load(index_ptr + token)
-    g = tl.arange(0, GROUP)
+    g = tl.arange(0, ROWS)
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
+    # the visible entries of a range: t <= index (and t > index - window); every loop step of a
+    # non-empty range then holds at least one visible key, so the running maximum is finite after the
+    # first. Empty ranges store nothing: the combine kernel skips them by the same arithmetic.
+    chunk = _range_size(index, context, n_splits, BLOCK_T, SPAN)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, index + 1)
+    if WINDOWED:
+        lo = tl.maximum(lo, index - window + 1)
     q_mask = (g < G)[:, None] & (dk < DK)[None, :]
     q = tl.load(q_ptr + (token * H + kv_head * G + g)[:, None] * DK + dk[None, :], mask=q_mask, other=0.0)
     q = q.to(tl.float32) * scale
-    # this token's span (decode_span) cut into n_splits ranges of whole loop steps; ranges past the
-    # span stay empty. The visible entries of a range: t <= index (and t > index - window); every loop
-    # step then holds at least one visible key, so the running maximum is finite after the first
-    span = tl.minimum(context, (index // SPAN + 1) * SPAN)
-    chunk = tl.cdiv(tl.cdiv(span, n_splits), BLOCK_T) * BLOCK_T
-    lo = split * chunk
-    hi = tl.minimum(tl.minimum(lo + chunk, span), index + 1)
-    if WINDOWED:
-        lo = tl.maximum(lo, index - window + 1)
-    running_max = tl.full((GROUP,), float("-inf"), tl.float32)
-    running_sum = tl.zeros((GROUP,), tl.float32)
-    acc = tl.zeros((GROUP, BLOCK_DV), tl.float32)
+    running_max = tl.full((ROWS,), float("-inf"), tl.float32)
+    running_sum = tl.zeros((ROWS,), tl.float32)
+    acc = tl.zeros((ROWS, BLOCK_DV), tl.float32)
     for start in range(lo, hi, BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         ok = t < hi
+        # both loads issued before the arithmetic that waits for them
         k = tl.load(
-            k_ptr + kv_head * stride_kh + t[:, None] * stride_kt + dk[None, :],
-            mask=ok[:, None] & (dk < DK)[None, :],
+            k_ptr + kv_head * stride_kh + t[None, :] * stride_kt + dk[:, None],
+            mask=ok[None, :] & (dk < DK)[:, None],
             other=0.0,
-        ).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        scores = tl.where(ok[None, :], scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        rescale = tl.exp(running_max - new_max)
-        p = tl.exp(scores - new_max[:, None])
+        ).to(tl.float32)  # [BLOCK_DK, BLOCK_T]
         v = tl.load(
             v_ptr + kv_head * stride_vh + t[:, None] * stride_vt + dv[None, :],
             mask=ok[:, None] & (dv < DV)[None, :],
             other=0.0,
         ).to(tl.float32)
-        acc = acc * rescale[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        scores = tl.where(ok[None, :], _product(q, k, DOT), float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        rescale = tl.exp(running_max - new_max)
+        p = tl.exp(scores - new_max[:, None])
+        acc = acc * rescale[:, None] + _product(p, v, DOT)
         running_sum = running_sum * rescale + tl.sum(p, axis=1)
         running_max = new_max
     part = ((token * tl.num_programs(0) + kv_head) * n_splits + split) * GROUP + g
-    tl.store(acc_ptr + part[:, None] * BLOCK_DV + dv[None, :], acc)
-    tl.store(max_ptr + part, running_max)
-    tl.store(sum_ptr + part, running_sum)
+    filled = (lo < hi) & (g < GROUP)
+    tl.store(acc_ptr + part[:, None] * BLOCK_DV + dv[None, :], acc, mask=filled[:, None])
+    tl.store(max_ptr + part, running_max, mask=filled)
+    tl.store(sum_ptr + part, running_sum, mask=filled)
 
 
 @triton.jit
 def attention_decode_combine(
-    acc_ptr, max_ptr, sum_ptr, out_ptr, n_kv, n_splits, H, G, DV,
-    GROUP: tl.constexpr, SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr,
+    acc_ptr, max_ptr, sum_ptr, index_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, n_kv, n_splits, context,
+    window, H, G, DV, GROUP: tl.constexpr, SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr,
+    COLUMNS: tl.constexpr, BLOCK_T: tl.constexpr, WINDOWED: tl.constexpr, SPAN: tl.constexpr,
+    INT8: tl.constexpr,
 ):  # fmt: skip
-    # empty ranges hold maximum -inf, sum 0 and acc 0: their weight is exactly 0
+    """Per (head, token, COLUMNS value columns): the ranges the split kernel filled, SPLITS at a time,
+    weighted by exp(range maximum - overall maximum) (two passes: the maxima, then the sums). INT8: the
+    columns (one 32-column block) are stored as `Int8Rows` for the output projection."""
     head = tl.program_id(0)
     token = tl.program_id(1)
+    column = tl.program_id(2) * COLUMNS
     kv_head = head // G
-    s = tl.arange(0, SPLITS)
-    dv = tl.arange(0, BLOCK_DV)
-    part = ((token * n_kv + kv_head) * n_splits + s) * GROUP + head % G
-    maxima = tl.load(max_ptr + part, mask=s < n_splits, other=float("-inf"))
-    top = tl.max(maxima, axis=0)  # finite: the range holding the query's own entry saw it
-    weight = tl.exp(maxima - top)
-    total = tl.sum(weight * tl.load(sum_ptr + part, mask=s < n_splits, other=0.0), axis=0)
-    acc = tl.load(acc_ptr + part[:, None] * BLOCK_DV + dv[None, :], mask=(s < n_splits)[:, None], other=0.0)
-    out = tl.sum(weight[:, None] * acc, axis=0) / total
-    tl.store(out_ptr + (token * H + head) * DV + dv, out, mask=dv < DV)
+    index = tl.load(index_ptr + token)
+    chunk = _range_size(index, context, n_splits, BLOCK_T, SPAN)
+    first = 0
+    if WINDOWED:
+        first = tl.maximum(index - window + 1, 0) // chunk
+    last = index // chunk + 1  # the range holding the query's own entry, which it always sees
+    base = (token * n_kv + kv_head) * n_splits
+    maxima = tl.full((SPLITS,), float("-inf"), tl.float32)
+    for s0 in range(first, last, SPLITS):
+        s = s0 + tl.arange(0, SPLITS)
+        got = tl.load(max_ptr + (base + s) * GROUP + head % G, mask=s < last, other=float("-inf"))
+        maxima = tl.maximum(maxima, got)
+    top = tl.max(maxima, axis=0)
+    dv = column + tl.arange(0, COLUMNS)
+    sums = tl.zeros((SPLITS,), tl.float32)
+    out = tl.zeros((COLUMNS,), tl.float32)
+    for s0 in range(first, last, SPLITS):
+        s = s0 + tl.arange(0, SPLITS)
+        part = (base + s) * GROUP + head % G
+        weight = tl.exp(tl.load(max_ptr + part, mask=s < last, other=float("-inf")) - top)
+        sums += weight * tl.load(sum_ptr + part, mask=s < last, other=0.0)
+        acc = tl.load(acc_ptr + part[:, None] * BLOCK_DV + dv[None, :], mask=(s < last)[:, None], other=0.0)
+        out += tl.sum(weight[:, None] * acc, axis=0)
+    out = out / tl.sum(sums, axis=0)
+    if INT8:
+        width = H * DV
+        b = (head * DV + column) // 32 + tl.arange(0, COLUMNS // 32)
+        rows = (xq_ptr + token * width, xd_ptr + token * (width // 32), xs_ptr + token * (width // 16))
+        _store_int8_blocks(tl.reshape(out, (COLUMNS // 32, 32)), b, b >= 0, *rows, COLUMNS // 32)
+    else:
+        tl.store(out_ptr + (token * H + head) * DV + dv, out, mask=dv < DV)
 
 
 @functools.cache
@@ -115,15 +169,29 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+def use_dot() -> bool:
+    """tl.dot for the two products on NVIDIA, where Triton pipelines the loads that feed it (the
+    elementwise form read a 4096-entry cache at under 0.6 TB/s on the H200); AMD keeps the elementwise
+    form."""
+    return torch.version.hip is None
+
+
+DOT_MAX_WIDTH = 128  # wider heads (gemma3's 256) spilled on the tl.dot path for sm_90, even on 8 warps
+
+
 def decode_launch(
-    n_heads: int, n_kv: int, key_dim: int, value_dim: int, programs: int
-) -> tuple[int, int, int]:
-    """(GROUP, BLOCK_T, splits): the query heads per KV head padded to a power of two, keys per loop
-    step within the register budget, and ranges per KV head such that about `programs` programs run
-    per token. Independent of the position: the kernel cuts each token's span into these ranges."""
+    n_heads: int, n_kv: int, key_dim: int, value_dim: int, programs: int, dot: bool
+) -> tuple[int, int, int, int]:
+    """(GROUP, ROWS, BLOCK_T, splits): the query heads per KV head padded to a power of two, the rows
+    of queries a program holds (at least DOT_ROWS for tl.dot), keys per loop step within the register
+    budget, and ranges per KV head such that about `programs` programs run per token. Independent of
+    the position: the kernels cut each token's span into these ranges."""
     group = triton.next_power_of_2(n_heads // n_kv)
-    block_t = max(8, min(64, ELEMENTS_PER_STEP // (group * triton.next_power_of_2(max(key_dim, value_dim)))))
-    return group, block_t, max(1, min(MAX_SPLITS, programs // n_kv))
+    width = triton.next_power_of_2(max(key_dim, value_dim))
+    splits = max(1, min(MAX_SPLITS, programs // n_kv))
+    if dot:
+        return group, max(DOT_ROWS, group), max(16, min(64, DOT_ELEMENTS // width)), splits
+    return group, group, max(8, min(64, ELEMENTS_PER_STEP // (group * width))), splits
 
 
 @register("cuda", "attention_decode")
@@ -142,16 +210,20 @@ class TritonAttentionDecode:
         index: torch.Tensor,
         scale: float,
         window: int | None,
+        int8: bool = False,
         programs: int | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | Int8Rows:
         """Same contract as the torch reference (`gufo.kernels.attention`), for T tokens: q [T, H, Dk]
-        at cache positions index ([T] int64, each below keys' length) -> [T, H * Dv] in q's dtype.
-        `programs`: how many programs to aim for per token (default two per multiprocessor)."""
+        at cache positions index ([T] int64, each below keys' length) -> [T, H * Dv] in q's dtype
+        (`int8`: float32 rows as `Int8Rows`).
+        `programs`: how many programs to aim for per token (default PROGRAMS_PER_MULTIPROCESSOR per
+        multiprocessor)."""
         n_tokens, n_heads, key_dim = q.shape
         n_kv, context, _ = keys.shape
         value_dim = values.shape[-1]
-        programs = programs or 2 * _multiprocessors(q.device)
-        group, block_t, splits = decode_launch(n_heads, n_kv, key_dim, value_dim, programs)
+        programs = programs or PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(q.device)
+        dot = use_dot() and max(key_dim, value_dim) <= DOT_MAX_WIDTH
+        group, rows, block_t, splits = decode_launch(n_heads, n_kv, key_dim, value_dim, programs, dot)
         block_dv = triton.next_power_of_2(value_dim)
         acc = torch.empty(n_tokens, n_kv, splits, group, block_dv, dtype=torch.float32, device=q.device)
         maxima = torch.empty(n_tokens, n_kv, splits, group, dtype=torch.float32, device=q.device)
@@ -161,29 +233,49 @@ class TritonAttentionDecode:
             q, keys, values, index, acc, maxima, sums,
             keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
             context, window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim,
-            GROUP=group, BLOCK_T=block_t, BLOCK_DK=triton.next_power_of_2(key_dim), BLOCK_DV=block_dv,
-            WINDOWED=window is not None, SPAN=SPAN_STEP, num_warps=NUM_WARPS,
+            GROUP=group, ROWS=rows, BLOCK_T=block_t, BLOCK_DK=triton.next_power_of_2(key_dim),
+            BLOCK_DV=block_dv, WINDOWED=window is not None, SPAN=SPAN_STEP, DOT=dot, num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES,
         )  # fmt: skip
-        out = torch.empty(n_tokens, n_heads, value_dim, dtype=torch.float32, device=q.device)
-        attention_decode_combine[(n_heads, n_tokens)](
-            acc, maxima, sums, out, n_kv, splits, n_heads, n_heads // n_kv, value_dim,
-            GROUP=group, SPLITS=triton.next_power_of_2(splits), BLOCK_DV=block_dv, num_warps=NUM_WARPS,
+        if int8:
+            if value_dim % ACT_BLOCK:
+                raise ValueError(f"int8 rows need a head width that is a multiple of {ACT_BLOCK}")
+            rows = empty_int8_rows(n_tokens, n_heads * value_dim, q.device)
+            out, pointers = rows.scales, rows
+        else:
+            out = torch.empty(n_tokens, n_heads, value_dim, dtype=torch.float32, device=q.device)
+            pointers = (out, out, out)
+        # no fused multiply-adds: the quantizing variant must round as the plain one (_store_int8_blocks)
+        held = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
+        columns = min(COMBINE_COLUMNS, block_dv)
+        attention_decode_combine[(n_heads, n_tokens, triton.cdiv(value_dim, columns))](
+            acc, maxima, sums, index, out, *pointers, n_kv, splits, context, window or 0, n_heads,
+            n_heads // n_kv, value_dim, GROUP=group, SPLITS=held, BLOCK_DV=block_dv, COLUMNS=columns,
+            BLOCK_T=block_t, WINDOWED=window is not None, SPAN=SPAN_STEP, INT8=int8, num_warps=1,
+            enable_fp_fusion=False,
         )  # fmt: skip
-        return out.to(q.dtype).reshape(n_tokens, -1)
+        return rows if int8 else out.to(q.dtype).reshape(n_tokens, -1)
 
 
-# (query heads, KV heads, head dim, sliding window) of real models: Qwen3-0.6B, gemma3-270m (global and
+# (query heads, KV heads, head dim, sliding window) of real models: Qwen3-0.6B and 8B, gemma3-270m (global and
 # sliding-window layers), SmolLM2-135M; cache lengths of a short and a long context; the programs an
-# H200 asks for (2 x 132 multiprocessors).
-REFERENCE_GEOMETRIES = ((16, 8, 128, None), (4, 1, 256, None), (4, 1, 256, 512), (9, 3, 64, None))
+# H200 asks for (PROGRAMS_PER_MULTIPROCESSOR x 132 multiprocessors).
+REFERENCE_GEOMETRIES = (
+    (16, 8, 128, None),
+    (32, 8, 128, None),  # Qwen3-8B, the benchmark model
+    (4, 1, 256, None),
+    (4, 1, 256, 512),
+    (9, 3, 64, None),
+)
 REFERENCE_SPANS = (512, 8192)
-REFERENCE_PROGRAMS = 264
+REFERENCE_PROGRAMS = PROGRAMS_PER_MULTIPROCESSOR * 132
 
 
 def launch_examples():
     """For `gufo kernels own` (gufo.kernels.triton.offline, which intercepts the launches): the GPU
     engine's decode attention on the reference geometries, as meta tensors (float32 queries, the GPU
-    KV cache's dtype). Yields the label of the launches that follow."""
+    KV cache's dtype; on NVIDIA also quantizing for the int8 output projection). Yields the label of
+    the launches that follow."""
     from gufo.kernels.backends import cache_dtype  # imported late: backends imports the kernels
 
     dtype = cache_dtype("cuda")
@@ -193,4 +285,6 @@ def launch_examples():
             q = torch.empty(1, n_heads, dim, device="meta")
             cache = torch.empty(n_kv, span, dim, dtype=dtype, device="meta")
             index = torch.empty(1, dtype=torch.int64, device="meta")
-            TritonAttentionDecode.apply(q, cache, cache, index, dim**-0.5, window, REFERENCE_PROGRAMS)
+            for int8 in (False, True) if torch.version.hip is None else (False,):
+                args = (q, cache, cache, index, dim**-0.5, window, int8)
+                TritonAttentionDecode.apply(*args, REFERENCE_PROGRAMS)

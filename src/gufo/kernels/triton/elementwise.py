@@ -17,7 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
 from gufo.kernels.registry import register
+from gufo.kernels.triton.gemv_int8 import _store_int8_blocks
 
 NUM_WARPS = 4
 ACTIVATION_BLOCK = 1024  # elements per program of the gated activation
@@ -31,22 +33,43 @@ def _inverse_rms(x, n, eps):
 
 
 @triton.jit
-def rms_norm_rows(x_ptr, w_ptr, out_ptr, K, stride_x, eps, BLOCK_K: tl.constexpr):
-    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one program per row."""
+def _store_row(
+    y, row, first, F, out_ptr, xq_ptr, xd_ptr, xs_ptr, INT8: tl.constexpr, BLOCK: tl.constexpr
+):  # fmt: skip
+    """Store y ([BLOCK] float32: columns first.. of a row of F, `first` a multiple of BLOCK) as float32
+    into out [rows, F], or with INT8 as `Int8Rows` (F a multiple of 32)."""
+    if INT8:
+        b = first // 32 + tl.arange(0, BLOCK // 32)
+        per_row = F // 32
+        xs_row = xs_ptr + row * (2 * per_row)
+        x = tl.reshape(y, (BLOCK // 32, 32))
+        _store_int8_blocks(x, b, b < per_row, xq_ptr + row * F, xd_ptr + row * per_row, xs_row, BLOCK // 32)
+    else:
+        j = first + tl.arange(0, BLOCK)
+        tl.store(out_ptr + row * F + j, y, mask=j < F)
+
+
+@triton.jit
+def rms_norm_rows(
+    x_ptr, w_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_x, eps,
+    INT8: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one program per row (INT8: as `Int8Rows`)."""
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
     inv = _inverse_rms(x, K, eps)
     w = tl.load(w_ptr + k, mask=k < K, other=0.0)
-    tl.store(out_ptr + row * K + k, x * inv * w, mask=k < K)
+    _store_row(x * inv * w, row, 0, K, out_ptr, xq_ptr, xd_ptr, xs_ptr, INT8, BLOCK_K)
 
 
 @triton.jit
 def add_rms_norm_rows(
-    x_ptr, h_ptr, w_ptr, sum_ptr, out_ptr, K, stride_x, stride_h, eps, BLOCK_K: tl.constexpr
+    x_ptr, h_ptr, w_ptr, sum_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_x, stride_h, eps,
+    INT8: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """sum[r] = x[r] + h[r] and out[r] = RMSNorm(sum[r]) * w, one program per row (the same arithmetic
-    as an add followed by `rms_norm_rows`)."""
+    as an add followed by `rms_norm_rows`; INT8: out as `Int8Rows`)."""
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
@@ -54,7 +77,7 @@ def add_rms_norm_rows(
     tl.store(sum_ptr + row * K + k, x, mask=k < K)
     inv = _inverse_rms(x, K, eps)
     w = tl.load(w_ptr + k, mask=k < K, other=0.0)
-    tl.store(out_ptr + row * K + k, x * inv * w, mask=k < K)
+    _store_row(x * inv * w, row, 0, K, out_ptr, xq_ptr, xd_ptr, xs_ptr, INT8, BLOCK_K)
 
 
 @triton.jit
@@ -67,6 +90,29 @@ def _partner(i, ROT, NEOX: tl.constexpr):
 
 
 @triton.jit
+def _rotated_head(
+    base, cos_row, sin_row, w_ptr, eps, D, ROT,
+    NORM: tl.constexpr, NEOX: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One head's D values at `base`, RMSNorm'ed with weight w (NORM), then rotated on the first ROT
+    columns: x * cos + partner(x) * sin (the tables hold signed sines in `Rope.rotated`'s layout). The
+    one definition of the rotary kernels' arithmetic."""
+    i = tl.arange(0, BLOCK_D)
+    x = tl.load(base + i, mask=i < D, other=0.0).to(tl.float32)
+    partner = _partner(i, ROT, NEOX)
+    rotating = i < ROT
+    x_partner = tl.load(base + partner, mask=rotating, other=0.0).to(tl.float32)
+    if NORM:
+        inv = _inverse_rms(x, D, eps)
+        x = x * inv * tl.load(w_ptr + i, mask=i < D, other=0.0)
+        x_partner = x_partner * inv
+        x_partner = x_partner * tl.load(w_ptr + partner, mask=rotating, other=0.0)
+    cos = tl.load(cos_row + i, mask=rotating, other=1.0)
+    sin = tl.load(sin_row + i, mask=rotating, other=0.0)
+    return x * cos + x_partner * sin
+
+
+@triton.jit
 def rms_norm_rope_rows(
     x_ptr, cos_ptr, sin_ptr, out_ptr, heads, D, ROT, stride_xt, stride_xh, stride_c, w_ptr, eps,
     NEOX: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -75,19 +121,11 @@ def rms_norm_rope_rows(
     the normalised values, without writing them in between."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    i = tl.arange(0, BLOCK_D)
     base = x_ptr + token * stride_xt + head * stride_xh
-    x = tl.load(base + i, mask=i < D, other=0.0)
-    inv = _inverse_rms(x, D, eps)
-    partner = _partner(i, ROT, NEOX)
-    rotating = i < ROT
-    x = x * inv * tl.load(w_ptr + i, mask=i < D, other=0.0)
-    x_partner = tl.load(base + partner, mask=rotating, other=0.0) * inv
-    x_partner = x_partner * tl.load(w_ptr + partner, mask=rotating, other=0.0)
-    cos = tl.load(cos_ptr + token * stride_c + i, mask=rotating, other=1.0)
-    sin = tl.load(sin_ptr + token * stride_c + i, mask=rotating, other=0.0)
-    out = out_ptr + (token * heads + head) * D + i
-    tl.store(out, x * cos + x_partner * sin, mask=i < D)
+    rows = token * stride_c
+    out = _rotated_head(base, cos_ptr + rows, sin_ptr + rows, w_ptr, eps, D, ROT, True, NEOX, BLOCK_D)
+    i = tl.arange(0, BLOCK_D)
+    tl.store(out_ptr + (token * heads + head) * D + i, out, mask=i < D)
 
 
 @triton.jit
@@ -95,20 +133,47 @@ def rope_rows(
     x_ptr, cos_ptr, sin_ptr, out_ptr, heads, D, ROT, stride_xt, stride_xh, stride_c,
     NEOX: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """One program per (token, head): out = x * cos + partner(x) * sin on the first ROT columns (the
-    tables hold signed sines in `Rope.rotated`'s layout), the other columns copied."""
+    """One program per (token, head): out = x * cos + partner(x) * sin on the first ROT columns, the
+    other columns copied."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    i = tl.arange(0, BLOCK_D)
     base = x_ptr + token * stride_xt + head * stride_xh
-    x = tl.load(base + i, mask=i < D, other=0.0)
-    partner = _partner(i, ROT, NEOX)
-    rotating = i < ROT
-    x_partner = tl.load(base + partner, mask=rotating, other=0.0)
-    cos = tl.load(cos_ptr + token * stride_c + i, mask=rotating, other=1.0)
-    sin = tl.load(sin_ptr + token * stride_c + i, mask=rotating, other=0.0)
-    out = out_ptr + (token * heads + head) * D + i
-    tl.store(out, x * cos + x_partner * sin, mask=i < D)
+    rows = token * stride_c
+    out = _rotated_head(base, cos_ptr + rows, sin_ptr + rows, x_ptr, 0.0, D, ROT, False, NEOX, BLOCK_D)
+    i = tl.arange(0, BLOCK_D)
+    tl.store(out_ptr + (token * heads + head) * D + i, out, mask=i < D)
+
+
+@triton.jit
+def attention_heads_to_cache(
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, index_ptr, out_ptr, keys_ptr, values_ptr,
+    H, HKV, D, DV, ROT, stride_qt, stride_kt, stride_vt, stride_c, stride_kh, stride_kc, stride_vh, stride_vc,
+    eps, NORM: tl.constexpr, NEOX: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    """One program per (token, head of q, k or v), for a decode step: q heads normed (NORM) and rotated
+    into out [T, H, D]; k heads normed and rotated, v heads as they are, into the cache rows at the
+    token's position (index), in the cache's dtype. Replaces two rotary launches and the cache writes."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    rows = token * stride_c
+    position = tl.load(index_ptr + token)
+    i = tl.arange(0, BLOCK_D)
+    if head < H:
+        base = q_ptr + token * stride_qt + head * D
+        out = _rotated_head(base, cos_ptr + rows, sin_ptr + rows, qw_ptr, eps, D, ROT, NORM, NEOX, BLOCK_D)
+        tl.store(out_ptr + (token * H + head) * D + i, out, mask=i < D)
+    elif head < H + HKV:
+        kv_head = head - H
+        base = k_ptr + token * stride_kt + kv_head * D
+        out = _rotated_head(base, cos_ptr + rows, sin_ptr + rows, kw_ptr, eps, D, ROT, NORM, NEOX, BLOCK_D)
+        row = keys_ptr + kv_head * stride_kh + position * stride_kc
+        tl.store(row + i, out.to(keys_ptr.dtype.element_ty), mask=i < D)
+    else:
+        kv_head = head - H - HKV
+        j = tl.arange(0, BLOCK_DV)
+        value = tl.load(v_ptr + token * stride_vt + kv_head * DV + j, mask=j < DV, other=0.0)
+        row = values_ptr + kv_head * stride_vh + position * stride_vc
+        tl.store(row + j, value.to(values_ptr.dtype.element_ty), mask=j < DV)
 
 
 @triton.jit
@@ -120,15 +185,17 @@ def _gelu_tanh(x):
 
 @triton.jit
 def gated_act_rows(
-    gate_ptr, up_ptr, out_ptr, F, stride_g, stride_u, GELU: tl.constexpr, BLOCK: tl.constexpr
+    gate_ptr, up_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, F, stride_g, stride_u,
+    GELU: tl.constexpr, INT8: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """out[r, j] = act(gate[r, j]) * up[r, j]; act is SiLU, or tanh-GELU with GELU."""
+    """out[r, j] = act(gate[r, j]) * up[r, j]; act is SiLU, or tanh-GELU with GELU (INT8: out as
+    `Int8Rows`)."""
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     g = tl.load(gate_ptr + row * stride_g + j, mask=j < F, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + row * stride_u + j, mask=j < F, other=0.0).to(tl.float32)
     act = _gelu_tanh(g) if GELU else g / (1.0 + tl.exp(-g))
-    tl.store(out_ptr + row * F + j, act * u, mask=j < F)
+    _store_row(act * u, row, tl.program_id(1) * BLOCK, F, out_ptr, xq_ptr, xd_ptr, xs_ptr, INT8, BLOCK)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -137,20 +204,40 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+def _outputs(rows: int, width: int, device: torch.device, int8: bool) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """The output of a row kernel ([rows, width] float32, or `Int8Rows` with int8) and the pointers it
+    takes for both (the unused ones alias the output)."""
+    if int8:
+        if width % ACT_BLOCK:
+            raise ValueError(f"int8 rows need a width that is a multiple of {ACT_BLOCK}, got {width}")
+        out = empty_int8_rows(rows, width, device)
+        return out, (out.scales, *out)
+    out = torch.empty(rows, width, dtype=torch.float32, device=device)
+    return out, (out, out, out, out)
+
+
+# Row kernels that may quantize compile without fused multiply-adds (_store_int8_blocks): the plain and
+# the quantizing variant then round alike, and both alike the separate quantizer.
+EXACT = {"enable_fp_fusion": False}
+
+
 @register("cuda", "rms_norm")
 class TritonRmsNorm:
     name = "triton-rms-norm"
 
     @staticmethod
-    def apply(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def apply(
+        x: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
+    ) -> torch.Tensor | Int8Rows:
         x2 = _rows(x)
-        out = torch.empty(x2.shape, dtype=torch.float32, device=x.device)
+        out, pointers = _outputs(*x2.shape, x.device, int8)
         if x2.shape[0]:
             k = x2.shape[1]
             rms_norm_rows[(x2.shape[0],)](
-                x2, weight, out, k, x2.stride(0), eps, BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS
-            )
-        return out.reshape(x.shape)
+                x2, weight, *pointers, k, x2.stride(0), eps,
+                INT8=int8, BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS, **EXACT,
+            )  # fmt: skip
+        return out if int8 else out.reshape(x.shape)
 
 
 @register("cuda", "add_rms_norm")
@@ -159,18 +246,18 @@ class TritonAddRmsNorm:
 
     @staticmethod
     def apply(
-        x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]:
         x2, h2 = _rows(x), _rows(h)
         total = torch.empty(x2.shape, dtype=torch.float32, device=x.device)
-        out = torch.empty_like(total)
+        out, pointers = _outputs(*x2.shape, x.device, int8)
         if x2.shape[0]:
             k = x2.shape[1]
             add_rms_norm_rows[(x2.shape[0],)](
-                x2, h2, weight, total, out, k, x2.stride(0), h2.stride(0), eps,
-                BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS,
+                x2, h2, weight, total, *pointers, k, x2.stride(0), h2.stride(0), eps,
+                INT8=int8, BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS, **EXACT,
             )  # fmt: skip
-        return total.reshape(x.shape), out.reshape(x.shape)
+        return total.reshape(x.shape), out if int8 else out.reshape(x.shape)
 
 
 def _per_head(
@@ -213,21 +300,58 @@ class TritonRope:
         return _per_head(rope_rows, x, cos, sin, neox)
 
 
+@register("cuda", "attention_heads")
+class TritonAttentionHeads:
+    name = "triton-attention-heads"
+
+    @staticmethod
+    def apply(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_weight: torch.Tensor | None,
+        k_weight: torch.Tensor | None,
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        neox: bool,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        index: torch.Tensor,
+    ) -> torch.Tensor:
+        """The reference's contract (`gufo.kernels.norm.ReferenceAttentionHeads`) in one launch."""
+        tokens, heads, dim = q.shape
+        kv_heads, value_dim = v.shape[1], v.shape[2]
+        q2, k2, v2 = (_rows(t.reshape(tokens, -1)) for t in (q, k, v))
+        cos, sin = cos.contiguous(), sin.contiguous()
+        out = torch.empty(tokens, heads, dim, dtype=torch.float32, device=q.device)
+        norm = q_weight is not None
+        if tokens:
+            attention_heads_to_cache[(tokens, heads + 2 * kv_heads)](
+                q2, k2, v2, cos, sin, q_weight if norm else q2, k_weight if norm else q2, index, out,
+                keys, values, heads, kv_heads, dim, value_dim, cos.shape[-1], q2.stride(0), k2.stride(0),
+                v2.stride(0), cos.stride(0), keys.stride(0), keys.stride(1), values.stride(0),
+                values.stride(1), eps, NORM=norm, NEOX=neox, BLOCK_D=triton.next_power_of_2(dim),
+                BLOCK_DV=triton.next_power_of_2(value_dim), num_warps=1,
+            )  # fmt: skip
+        return out
+
+
 @register("cuda", "gated_act")
 class TritonGatedAct:
     name = "triton-gated-act"
 
     @staticmethod
-    def apply(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    def apply(gate: torch.Tensor, up: torch.Tensor, act: str, int8: bool = False) -> torch.Tensor | Int8Rows:
         g2, u2 = _rows(gate), _rows(up)
         rows, width = g2.shape
-        out = torch.empty(rows, width, dtype=torch.float32, device=gate.device)
+        out, pointers = _outputs(rows, width, gate.device, int8)
         if rows:
             gated_act_rows[(rows, triton.cdiv(width, ACTIVATION_BLOCK))](
-                g2, u2, out, width, g2.stride(0), u2.stride(0),
-                GELU=act == "gelu_tanh", BLOCK=ACTIVATION_BLOCK, num_warps=NUM_WARPS,
+                g2, u2, *pointers, width, g2.stride(0), u2.stride(0),
+                GELU=act == "gelu_tanh", INT8=int8, BLOCK=ACTIVATION_BLOCK, num_warps=NUM_WARPS, **EXACT,
             )  # fmt: skip
-        return out.reshape(gate.shape)
+        return out if int8 else out.reshape(gate.shape)
 
 
 # Widths of real models: Qwen3-0.6B (hidden 1024, FFN 3072, heads 16 x 128 on 8 KV heads, NeoX RoPE),
@@ -239,16 +363,30 @@ REFERENCE_FFN = ((3072, "silu"), (2048, "gelu_tanh"))
 
 def launch_examples():
     """For `gufo kernels own` (gufo.kernels.triton.offline, which intercepts the launches): the norms,
-    rotary embeddings and gated activations of the reference models, as meta tensors."""
+    rotary embeddings and gated activations of the reference models, as meta tensors; on NVIDIA also
+    the norms and activations that quantize for the int8 products (widths that are multiples of 32)."""
+    from gufo.kernels.backends import cache_dtype  # imported late: backends imports the kernels
+
     yield "float32"
+    quantizing = (False, True) if torch.version.hip is None else (False,)
     for width in REFERENCE_NORM_WIDTHS:
         row, weight = torch.empty(1, width, device="meta"), torch.empty(width, device="meta")
-        TritonRmsNorm.apply(row, weight, 1e-6)
-        TritonAddRmsNorm.apply(row, row, weight, 1e-6)
+        for int8 in quantizing if width % ACT_BLOCK == 0 else (False,):
+            TritonRmsNorm.apply(row, weight, 1e-6, int8)
+            TritonAddRmsNorm.apply(row, row, weight, 1e-6, int8)
     for heads, dim, neox in REFERENCE_ROPE:
         tables = torch.empty(1, dim, device="meta")
         TritonRope.apply(torch.empty(1, heads, dim, device="meta"), tables, tables, neox)
         heads_in = torch.empty(1, heads, dim, device="meta")
         TritonRmsNormRope.apply(heads_in, torch.empty(dim, device="meta"), 1e-6, tables, tables, neox)
+        kv_in = torch.empty(1, max(1, heads // 2), dim, device="meta")
+        cache = torch.empty(kv_in.shape[1], 64, dim, dtype=cache_dtype("cuda"), device="meta")
+        index = torch.empty(1, dtype=torch.int64, device="meta")
+        for norm in (torch.empty(dim, device="meta"), None):
+            TritonAttentionHeads.apply(
+                heads_in, kv_in, kv_in, norm, norm, 1e-6, tables, tables, neox, cache, cache, index
+            )
     for width, act in REFERENCE_FFN:
-        TritonGatedAct.apply(torch.empty(1, width, device="meta"), torch.empty(1, width, device="meta"), act)
+        for int8 in quantizing:
+            gate, up = torch.empty(1, width, device="meta"), torch.empty(1, width, device="meta")
+            TritonGatedAct.apply(gate, up, act, int8)

@@ -47,6 +47,7 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from gufo.gguf.model_file import TensorInfo
+from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.linear_reference import raw_rows
 from gufo.kernels.registry import register
 from gufo.quant import block_shape
@@ -894,8 +895,19 @@ def vector_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
 
 
 INT8_FORMATS = (Q.Q8_0, Q.Q4_K, Q.Q6_K)  # vector products on int8 activations (gemv_int8.py)
-# Widest K step of those: Q8_0's 2-row 2048 step compiled with an 8-byte stack frame for sm_90 (Triton 3.6)
-INT8_MAX_STEP = {Q.Q8_0: 1024}
+
+
+def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
+    """Launch shape of the int8 kernels for an [n, k] weight, the fastest of 11 shapes at M = 1 on the
+    H200 (benchmarks/gemv_bandwidth.py --sweep, docs/BENCHMARKS.md): Q8_0 4 rows x 1024 columns on 2
+    warps; Q6_K 8 x 2048; Q4_K 8 x 2048 for matrices taller than wide (gate/up, qkv), else 4 x 2048
+    (down, attention output). Q8_0 stays at 1024 columns: its 2-row 2048 step compiled with an 8-byte
+    stack frame for sm_90 (Triton 3.6)."""
+    if qtype == Q.Q8_0:
+        rows, step, warps = 4, 1024, 2
+    else:
+        rows, step, warps = (8 if qtype == Q.Q6_K or n > k else 4), 2048, 4
+    return VectorConfig(rows, max(FORMATS[qtype].block, min(step, triton.next_power_of_2(k))), warps)
 
 
 def int8_activations(x: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
@@ -905,36 +917,45 @@ def int8_activations(x: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
     return x.dtype == torch.float32 and qtype in INT8_FORMATS and torch.version.hip is None
 
 
-def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> torch.Tensor:
-    """x [..., K] (float32/float16/bfloat16, on the weight's device) -> x @ W^T [..., N] in x's dtype.
+def takes_int8_rows(qtype: GGMLQuantizationType, rows: int) -> bool:
+    """Whether a product of `rows` float32 rows runs on int8 activations, so the kernel that makes its
+    input may hand it `Int8Rows` (the fused norms and activation) instead of float32 rows."""
+    return qtype in INT8_FORMATS and torch.version.hip is None and 0 < rows <= MAX_BLOCK_M
+
+
+def gemv(x: torch.Tensor | Int8Rows, weight: TritonWeight, splits: int | None = None) -> torch.Tensor:
+    """x [..., K] (float32/float16/bfloat16, on the weight's device; or float32 rows already quantized
+    to `Int8Rows` for a format in INT8_FORMATS) -> x @ W^T [..., N] in x's dtype.
 
     `splits`: number of K ranges (split-K); None picks one from the device's size.
     """
     n, k = weight.shape
     fmt = FORMATS[weight.qtype]
+    quantized = isinstance(x, Int8Rows)
+    if quantized and weight.qtype not in INT8_FORMATS:
+        raise ValueError(f"int8 rows given to a {weight.qtype.name} product, which has no int8 kernel")
+    dtype = torch.float32 if quantized else x.dtype
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
+    x2 = x if quantized else x.reshape(-1, k)
+    if not quantized and x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
-    if x.dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None:
+    if dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None:
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
         int8 = False
     else:
-        config = vector_config(weight.qtype, n, k)
+        int8 = quantized or int8_activations(x, weight.qtype)
+        config = (int8_config if int8 else vector_config)(weight.qtype, n, k)
         kernel, block_n, step, warps = fmt.kernel, config.block_n, config.step, config.num_warps
         block_m = min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
-        int8 = int8_activations(x, weight.qtype)
-        if int8:
-            step = min(step, INT8_MAX_STEP.get(weight.qtype, step))
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
     if splits is None:
         splits = _splits(x.device, grid_n, n_steps)
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
-    out = torch.empty(splits, m, n, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
+    out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
     if m and int8:
         from gufo.kernels.triton import gemv_int8  # that module builds on this one's device helpers
 
@@ -947,7 +968,7 @@ def gemv(x: torch.Tensor, weight: TritonWeight, splits: int | None = None) -> to
             x2, *weight.planes, out, m, n, k, x2.stride(0), n_steps, per_split,
             BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, num_warps=warps,
         )  # fmt: skip
-    y = out[0] if splits == 1 else out.sum(0).to(x.dtype)
+    y = out[0] if splits == 1 else out.sum(0).to(dtype)
     return y.reshape(*lead, n)
 
 
@@ -992,8 +1013,12 @@ class TritonLinear:
         return TritonWeight(info.qtype, (raw.shape[0], info.shape[-1]), split_fields(info.qtype, raw))
 
     @staticmethod
-    def apply(x: torch.Tensor, weight: TritonWeight) -> torch.Tensor:
-        if x.numel() // weight.shape[1] <= MAX_BLOCK_M:
+    def takes_int8(weight: TritonWeight, rows: int) -> bool:
+        return takes_int8_rows(weight.qtype, rows)
+
+    @staticmethod
+    def apply(x: torch.Tensor | Int8Rows, weight: TritonWeight) -> torch.Tensor:
+        if isinstance(x, Int8Rows) or x.numel() // weight.shape[1] <= MAX_BLOCK_M:
             return gemv(x, weight)
         # Prefill: dequantize the matrix to bf16 on the device (one Triton pass, a few ms for an 8B
         # model), then one cuBLAS product on the tensor cores with float32 accumulation: faster at

@@ -3,8 +3,8 @@
 The vector kernels of gemv.py turn every weight into a float and multiply it, about 11 instructions per
 4-bit weight (Nsight Compute on the H200, docs/BENCHMARKS.md): decode was bound by issuing them, at a
 fifth of the memory bandwidth. Here, as in llama.cpp's CUDA kernels and gufo's CPU backend
-(csrc/qgemm_cpu.c), the activations are first quantized per 32 columns to int8 (`quantize_rows_q8`:
-d = max|x| / 127, q = x * (1 / d) rounded half to even, plus d * (sum of q) per 16 columns), and a 32-bit
+(csrc/qgemm_cpu.c), the activations are first quantized per 32 columns to int8 (`quantize_rows_q8`, or
+the fused row kernel that produced them: `gufo.kernels.int8_rows`), and a 32-bit
 word of weights meets a word of activations in one 4-way integer dot product (`_dot4`). Per 32-column
 block (16 for Q6_K's scales) the exact integer sum is scaled once by the weight's and the activations'
 scales; offsets (Q4_K's minimums, Q6_K's -32) go through the activation sums.
@@ -23,12 +23,31 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
+from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
 from gufo.kernels.triton.gemv import _add_row, _kquant_scale_min, _store, _vector_program
 
 Q = GGMLQuantizationType
 
-ACT_BLOCK = 32  # activation columns per int8 scale
 QUANT_BLOCKS = 32  # activation blocks per program of the quantizer
+
+
+@triton.jit
+def _store_int8_blocks(x, b, ok, xq_row, xd_row, xs_row, BLOCKS: tl.constexpr):
+    """Quantize x [BLOCKS, 32] (float32, the row's blocks b [BLOCKS], valid where ok) and store them as
+    `Int8Rows` (gufo.kernels.int8_rows): int8 values at xq_row, scales at xd_row, sums at xs_row. The
+    caller compiles without fused multiply-adds: x * (1 / d) must round before the rounding to an
+    integer, as in the oracle."""
+    i = tl.arange(0, 32)[None, :]
+    # correctly rounded divisions (Triton's `/` on float32 may be approximate), as the oracle divides
+    d = tl.math.div_rn(tl.max(tl.abs(x), axis=1), 127.0)
+    inverse = tl.where(d != 0.0, tl.math.div_rn(1.0, tl.where(d != 0.0, d, 1.0)), 0.0)
+    # |x / d| <= 127: adding and subtracting 1.5 * 2^23 rounds to the nearest integer, ties to even
+    q = ((x * inverse[:, None] + 12582912.0) - 12582912.0).to(tl.int32)
+    tl.store(xq_row + b[:, None] * 32 + i, q.to(tl.int8), mask=ok[:, None])
+    tl.store(xd_row + b, d, mask=ok)
+    sums = tl.sum(tl.reshape(q, (BLOCKS, 2, 16)), axis=2).to(tl.float32)
+    half = tl.arange(0, 2)[None, :]
+    tl.store(xs_row + b[:, None] * 2 + half, d[:, None] * sums, mask=ok[:, None])
 
 
 @triton.jit
@@ -37,30 +56,10 @@ def quantize_rows_q8(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, BLOCKS: tl.con
     m = tl.program_id(0)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     n_blocks = K // 32
+    ok = b < n_blocks
     i = tl.arange(0, 32)[None, :]
-    ok = (b < n_blocks)[:, None]
-    x = tl.load(x_ptr + m * stride_xm + b[:, None] * 32 + i, mask=ok, other=0.0).to(tl.float32)
-    # correctly rounded divisions (Triton's `/` on float32 may be approximate), as the oracle divides
-    d = tl.math.div_rn(tl.max(tl.abs(x), axis=1), 127.0)
-    inverse = tl.where(d != 0.0, tl.math.div_rn(1.0, tl.where(d != 0.0, d, 1.0)), 0.0)
-    # |x / d| <= 127: adding and subtracting 1.5 * 2^23 rounds to the nearest integer, ties to even
-    q = ((x * inverse[:, None] + 12582912.0) - 12582912.0).to(tl.int32)
-    tl.store(xq_ptr + m * K + b[:, None] * 32 + i, q.to(tl.int8), mask=ok)
-    tl.store(xd_ptr + m * n_blocks + b, d, mask=b < n_blocks)
-    sums = tl.sum(tl.reshape(q, (BLOCKS, 2, 16)), axis=2).to(tl.float32)
-    half = tl.arange(0, 2)[None, :]
-    tl.store(xs_ptr + m * (2 * n_blocks) + b[:, None] * 2 + half, d[:, None] * sums, mask=ok)
-
-
-def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The torch oracle of `quantize_rows_q8`: (xq int8 [M, K], xd [M, K/32], xs [M, K/16])."""
-    m = x.shape[0]
-    blocks = x.float().reshape(m, -1, ACT_BLOCK)
-    d = blocks.abs().amax(-1) / 127.0
-    inverse = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-    q = torch.round(blocks * inverse[..., None])  # half to even
-    sums = q.reshape(m, -1, 2, 16).sum(-1)
-    return q.to(torch.int8).reshape(m, -1), d, (d[..., None] * sums).reshape(m, -1)
+    x = tl.load(x_ptr + m * stride_xm + b[:, None] * 32 + i, mask=ok[:, None], other=0.0).to(tl.float32)
+    _store_int8_blocks(x, b, ok, xq_ptr + m * K, xd_ptr + m * n_blocks, xs_ptr + m * (2 * n_blocks), BLOCKS)
 
 
 @triton.jit
@@ -209,22 +208,18 @@ def native() -> bool:
     return not triton.knobs.runtime.interpret
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor) -> Int8Rows:
     """`quantize_rows_q8` on x [M, K] (K a multiple of 32, unit column stride)."""
     m, k = x.shape
-    xq = torch.empty(m, k, dtype=torch.int8, device=x.device)
-    xd = torch.empty(m, k // ACT_BLOCK, device=x.device)
-    xs = torch.empty(m, 2 * (k // ACT_BLOCK), device=x.device)
+    rows = empty_int8_rows(m, k, x.device)
     grid = (m, triton.cdiv(k // ACT_BLOCK, QUANT_BLOCKS))
-    # no fused multiply-add: x * (1 / d) must round before the rounding to an integer, as in the oracle
-    quantize_rows_q8[grid](
-        x, xq, xd, xs, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False
-    )
-    return xq, xd, xs
+    # no fused multiply-add: see _store_int8_blocks
+    quantize_rows_q8[grid](x, *rows, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False)
+    return rows
 
 
 def launch(
-    x: torch.Tensor,
+    x: torch.Tensor | Int8Rows,
     qtype: GGMLQuantizationType,
     planes: tuple[torch.Tensor, ...],
     out: torch.Tensor,
@@ -236,9 +231,10 @@ def launch(
     step: int,
     warps: int,
 ) -> None:
-    """out[split, m, n] of x [M, K] and a gemv.py weight's planes, on int8 activations (see gemv.gemv)."""
+    """out[split, m, n] of x [M, K] (float32 rows, or rows a fused kernel quantized already) and a
+    gemv.py weight's planes, on int8 activations (see gemv.gemv)."""
     m, k = x.shape
-    xq, xd, xs = quantize_rows(x)
+    xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_rows(x)
     words = tuple(p.view(torch.int32) if i in WORD_PLANES[qtype] else p for i, p in enumerate(planes))
     KERNELS[qtype][grid](
         xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
