@@ -8,7 +8,7 @@ rows, saving the quantizer's launch; the torch quantizer here is every quantizer
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -36,6 +36,20 @@ def empty_int8_rows(rows: int, width: int, device: torch.device) -> Int8Rows:
         torch.empty(rows, blocks, device=device),
         torch.empty(rows, 2 * blocks, device=device),
     )
+
+
+def row_outputs(
+    rows: int, width: int, device: torch.device, int8: bool
+) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """The output of a kernel that writes [rows, width] float32 or, with `int8`, `Int8Rows`; and the
+    four pointers such a kernel takes (float out, int8 values, scales, sums: the unused ones alias)."""
+    if int8:
+        if width % ACT_BLOCK:
+            raise ValueError(f"int8 rows need a width that is a multiple of {ACT_BLOCK}, got {width}")
+        out = empty_int8_rows(rows, width, device)
+        return out, (out.scales, *out)
+    out = torch.empty(rows, width, dtype=torch.float32, device=device)
+    return out, (out, out, out, out)
 
 
 def quantize_rows_reference(x: torch.Tensor) -> Int8Rows:

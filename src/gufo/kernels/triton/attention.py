@@ -23,9 +23,9 @@ import triton
 import triton.language as tl
 
 from gufo.kernels.attention import SPAN_STEP, decode_span
-from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
+from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, row_outputs
 from gufo.kernels.registry import register
-from gufo.kernels.triton.gemv_int8 import _store_int8_blocks
+from gufo.kernels.triton.gemv_int8 import _store_int8_row
 
 ELEMENTS_PER_STEP = 8192  # GROUP x BLOCK_T x head_dim products per loop step, elementwise (register budget)
 DOT_ELEMENTS = 4096  # BLOCK_T x head_dim per loop step with tl.dot (NVIDIA)
@@ -156,10 +156,7 @@ def attention_decode_combine(
         out += tl.sum(weight[:, None] * acc, axis=0)
     out = out / tl.sum(sums, axis=0)
     if INT8:
-        width = H * DV
-        b = (head * DV + column) // 32 + tl.arange(0, COLUMNS // 32)
-        rows = (xq_ptr + token * width, xd_ptr + token * (width // 32), xs_ptr + token * (width // 16))
-        _store_int8_blocks(tl.reshape(out, (COLUMNS // 32, 32)), b, b >= 0, *rows, COLUMNS // 32)
+        _store_int8_row(out, token, head * DV + column, H * DV, xq_ptr, xd_ptr, xs_ptr, COLUMNS)
     else:
         tl.store(out_ptr + (token * H + head) * DV + dv, out, mask=dv < DV)
 
@@ -237,24 +234,19 @@ class TritonAttentionDecode:
             BLOCK_DV=block_dv, WINDOWED=window is not None, SPAN=SPAN_STEP, DOT=dot, num_warps=NUM_WARPS,
             num_stages=NUM_STAGES,
         )  # fmt: skip
-        if int8:
-            if value_dim % ACT_BLOCK:
-                raise ValueError(f"int8 rows need a head width that is a multiple of {ACT_BLOCK}")
-            rows = empty_int8_rows(n_tokens, n_heads * value_dim, q.device)
-            out, pointers = rows.scales, rows
-        else:
-            out = torch.empty(n_tokens, n_heads, value_dim, dtype=torch.float32, device=q.device)
-            pointers = (out, out, out)
+        if int8 and value_dim % ACT_BLOCK:  # each combine program quantizes whole blocks of one head
+            raise ValueError(f"int8 rows need a head width that is a multiple of {ACT_BLOCK}")
+        out, pointers = row_outputs(n_tokens, n_heads * value_dim, q.device, int8)
         # no fused multiply-adds: the quantizing variant must round as the plain one (_store_int8_blocks)
         held = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
         columns = min(COMBINE_COLUMNS, block_dv)
         attention_decode_combine[(n_heads, n_tokens, triton.cdiv(value_dim, columns))](
-            acc, maxima, sums, index, out, *pointers, n_kv, splits, context, window or 0, n_heads,
+            acc, maxima, sums, index, *pointers, n_kv, splits, context, window or 0, n_heads,
             n_heads // n_kv, value_dim, GROUP=group, SPLITS=held, BLOCK_DV=block_dv, COLUMNS=columns,
             BLOCK_T=block_t, WINDOWED=window is not None, SPAN=SPAN_STEP, INT8=int8, num_warps=1,
             enable_fp_fusion=False,
         )  # fmt: skip
-        return rows if int8 else out.to(q.dtype).reshape(n_tokens, -1)
+        return out if int8 else out.to(q.dtype)
 
 
 # (query heads, KV heads, head dim, sliding window) of real models: Qwen3-0.6B and 8B, gemma3-270m (global and

@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
+from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, row_outputs
 from gufo.kernels.registry import register
-from gufo.kernels.triton.gemv_int8 import _store_int8_blocks
+from gufo.kernels.triton.gemv_int8 import _store_int8_row
 
 NUM_WARPS = 4
 ACTIVATION_BLOCK = 1024  # elements per program of the gated activation
@@ -39,11 +39,7 @@ def _store_row(
     """Store y ([BLOCK] float32: columns first.. of a row of F, `first` a multiple of BLOCK) as float32
     into out [rows, F], or with INT8 as `Int8Rows` (F a multiple of 32)."""
     if INT8:
-        b = first // 32 + tl.arange(0, BLOCK // 32)
-        per_row = F // 32
-        xs_row = xs_ptr + row * (2 * per_row)
-        x = tl.reshape(y, (BLOCK // 32, 32))
-        _store_int8_blocks(x, b, b < per_row, xq_ptr + row * F, xd_ptr + row * per_row, xs_row, BLOCK // 32)
+        _store_int8_row(y, row, first, F, xq_ptr, xd_ptr, xs_ptr, BLOCK)
     else:
         j = first + tl.arange(0, BLOCK)
         tl.store(out_ptr + row * F + j, y, mask=j < F)
@@ -204,18 +200,6 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _outputs(rows: int, width: int, device: torch.device, int8: bool) -> tuple[Any, tuple[torch.Tensor, ...]]:
-    """The output of a row kernel ([rows, width] float32, or `Int8Rows` with int8) and the pointers it
-    takes for both (the unused ones alias the output)."""
-    if int8:
-        if width % ACT_BLOCK:
-            raise ValueError(f"int8 rows need a width that is a multiple of {ACT_BLOCK}, got {width}")
-        out = empty_int8_rows(rows, width, device)
-        return out, (out.scales, *out)
-    out = torch.empty(rows, width, dtype=torch.float32, device=device)
-    return out, (out, out, out, out)
-
-
 # Row kernels that may quantize compile without fused multiply-adds (_store_int8_blocks): the plain and
 # the quantizing variant then round alike, and both alike the separate quantizer.
 EXACT = {"enable_fp_fusion": False}
@@ -230,7 +214,7 @@ class TritonRmsNorm:
         x: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
     ) -> torch.Tensor | Int8Rows:
         x2 = _rows(x)
-        out, pointers = _outputs(*x2.shape, x.device, int8)
+        out, pointers = row_outputs(*x2.shape, x.device, int8)
         if x2.shape[0]:
             k = x2.shape[1]
             rms_norm_rows[(x2.shape[0],)](
@@ -250,7 +234,7 @@ class TritonAddRmsNorm:
     ) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]:
         x2, h2 = _rows(x), _rows(h)
         total = torch.empty(x2.shape, dtype=torch.float32, device=x.device)
-        out, pointers = _outputs(*x2.shape, x.device, int8)
+        out, pointers = row_outputs(*x2.shape, x.device, int8)
         if x2.shape[0]:
             k = x2.shape[1]
             add_rms_norm_rows[(x2.shape[0],)](
@@ -345,7 +329,7 @@ class TritonGatedAct:
     def apply(gate: torch.Tensor, up: torch.Tensor, act: str, int8: bool = False) -> torch.Tensor | Int8Rows:
         g2, u2 = _rows(gate), _rows(up)
         rows, width = g2.shape
-        out, pointers = _outputs(rows, width, gate.device, int8)
+        out, pointers = row_outputs(rows, width, gate.device, int8)
         if rows:
             gated_act_rows[(rows, triton.cdiv(width, ACTIVATION_BLOCK))](
                 g2, u2, *pointers, width, g2.stride(0), u2.stride(0),

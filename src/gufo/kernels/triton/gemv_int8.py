@@ -51,6 +51,16 @@ def _store_int8_blocks(x, b, ok, xq_row, xd_row, xs_row, BLOCKS: tl.constexpr):
 
 
 @triton.jit
+def _store_int8_row(y, row, first, F, xq_ptr, xd_ptr, xs_ptr, BLOCK: tl.constexpr):
+    """`_store_int8_blocks` of y ([BLOCK] float32: columns first.. of row `row` of F columns; `first`
+    and F multiples of 32) into `Int8Rows` at xq_ptr, xd_ptr, xs_ptr."""
+    b = first // 32 + tl.arange(0, BLOCK // 32)
+    per_row = F // 32
+    rows = (xq_ptr + row * F, xd_ptr + row * per_row, xs_ptr + row * (2 * per_row))
+    _store_int8_blocks(tl.reshape(y, (BLOCK // 32, 32)), b, b < per_row, *rows, BLOCK // 32)
+
+
+@triton.jit
 def quantize_rows_q8(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, BLOCKS: tl.constexpr):
     """x [M, K] -> xq int8 [M, K], xd [M, K / 32] scales, xs [M, K / 16] = d * (sum of q) per 16."""
     m = tl.program_id(0)
