@@ -1,6 +1,7 @@
 """Time of decode attention (the split and combine kernels) for one layer of Qwen3-8B heads (32 query,
 8 KV, 128 wide) over a float16 cache, replayed in a CUDA graph that cycles through enough caches that
-the L2 holds none. Sweeps programs per multiprocessor, pipeline stages and the product form. Needs a GPU:
+the L2 holds none. Sweeps programs per multiprocessor, pipeline stages, keys per loop step and the
+product form. Needs a GPU:
 
     python benchmarks/decode_attention.py --depths 16 4096 --programs 2 4 8 --stages 1 2 3
 """
@@ -50,23 +51,25 @@ def main() -> None:
     parser.add_argument("--depths", nargs="+", type=int, default=[16, 4096])
     parser.add_argument("--programs", nargs="+", type=int, default=[attention.PROGRAMS_PER_MULTIPROCESSOR])
     parser.add_argument("--stages", nargs="+", type=int, default=[attention.NUM_STAGES])
+    parser.add_argument("--dot-elements", nargs="+", type=int, default=[attention.DOT_ELEMENTS],
+                        help="keys x head width per loop step on the tl.dot path")  # fmt: skip
     parser.add_argument("--forms", nargs="+", default=["dot", "elementwise"], choices=["dot", "elementwise"])
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     rows = []
-    print("| form | programs/SM | stages | depth | us | GB/s |\n|---|--:|--:|--:|--:|--:|")
-    for form, programs, stages, depth in itertools.product(
-        args.forms, args.programs, args.stages, args.depths
+    print("| form | programs/SM | stages | dot elements | depth | us | GB/s |\n|---|--:|--:|--:|--:|--:|--:|")
+    for form, programs, stages, elements, depth in itertools.product(
+        args.forms, args.programs, args.stages, args.dot_elements, args.depths
     ):
         attention.use_dot = lambda f=form: f == "dot"
         attention.PROGRAMS_PER_MULTIPROCESSOR, attention.NUM_STAGES = programs, stages
+        attention.DOT_ELEMENTS = elements
         copies = max(1, min(8, (200 << 20) // (2 * KV_HEADS * (depth + 256) * DIM * 2)))
         us = time_us(depth, copies)
         gbs = 2 * KV_HEADS * (depth + 1) * DIM * 2 / us / 1e3
-        rows.append(
-            {"form": form, "programs": programs, "stages": stages, "depth": depth, "us": us, "gbs": gbs}
-        )
-        print(f"| {form} | {programs} | {stages} | {depth} | {us:.1f} | {gbs:.0f} |")
+        rows.append({"form": form, "programs": programs, "stages": stages, "dot_elements": elements,
+                     "depth": depth, "us": us, "gbs": gbs})  # fmt: skip
+        print(f"| {form} | {programs} | {stages} | {elements} | {depth} | {us:.1f} | {gbs:.0f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

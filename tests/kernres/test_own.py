@@ -79,7 +79,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
         name
         for module in (gemv, gemv_int8, attention, elementwise)
         for name, obj in vars(module).items()
-        if isinstance(obj, JITFunction) and not name.startswith("_")
+        if isinstance(obj, JITFunction) and not name.startswith("_") and obj.fn.__module__ == module.__name__
     }
     engine = {f.kernel.__name__ for f in gemv.FORMATS.values()} | {
         f.dequant_kernel.__name__ for f in gemv.FORMATS.values()
@@ -135,3 +135,22 @@ def test_nvidia_fields_match_cuobjdump_and_triton_metadata(compiled):
 def test_unknown_target_is_bad_input(capsys):
     code, _, err = run_cli(capsys, "kernels", "own", "--target", "gfx9999")
     assert code == 2 and "gfx9999" in err and len(err.strip().splitlines()) == 1
+
+
+def test_dependent_launches_wait_before_reading(compiled):
+    """sm_90 launches the decode kernels with programmatic dependent launch (dependent_launch): each such
+    kernel must wait for the kernel before it (griddepcontrol.wait) before any global load, and only
+    then let the next one launch; the prefill dequantizers launch plainly."""
+    _, kernels = compiled
+    nvidia = [k for k in kernels if k["arch"] == "sm_90"]
+    for k in nvidia:
+        binary = _binary(k)
+        meta = json.loads(binary.with_suffix(".json").read_text())
+        ptx = binary.with_suffix(".ptx").read_text()
+        assert meta["launch_pdl"] == (not k["name"].startswith("dequant_")), k["name"]
+        if not meta["launch_pdl"]:
+            assert "griddepcontrol" not in ptx, k["name"]
+            continue
+        wait = ptx.index("griddepcontrol.wait")
+        assert "ld.global" not in ptx[:wait], k["name"]
+        assert ptx.index("griddepcontrol.launch_dependents") > wait, k["name"]

@@ -25,6 +25,8 @@ import triton.language as tl
 from gufo.kernels.attention import SPAN_STEP, decode_span
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, row_outputs
 from gufo.kernels.registry import register
+from gufo.kernels.triton import dependent_launch
+from gufo.kernels.triton.dependent_launch import wait_for_inputs
 from gufo.kernels.triton.gemv_int8 import _store_int8_row
 
 ELEMENTS_PER_STEP = 8192  # GROUP x BLOCK_T x head_dim products per loop step, elementwise (register budget)
@@ -64,9 +66,11 @@ def attention_decode_split(
     stride_kh, stride_kt, stride_vh, stride_vt, context, window, scale, H, G, DK, DV,
     GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DK: tl.constexpr,
     BLOCK_DV: tl.constexpr, WINDOWED: tl.constexpr, SPAN: tl.constexpr, DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (KV head, range, token): the G query heads of the KV head (ROWS held, GROUP stored) over the
     range's keys and values, as a partial softmax: running maximum, sum and weighted values."""
+    wait_for_inputs(PDL)
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -122,11 +126,12 @@ def attention_decode_combine(
     acc_ptr, max_ptr, sum_ptr, index_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, n_kv, n_splits, context,
     window, H, G, DV, GROUP: tl.constexpr, SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr,
     COLUMNS: tl.constexpr, BLOCK_T: tl.constexpr, WINDOWED: tl.constexpr, SPAN: tl.constexpr,
-    INT8: tl.constexpr,
+    INT8: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (head, token, COLUMNS value columns): the ranges the split kernel filled, SPLITS at a time,
     weighted by exp(range maximum - overall maximum) (two passes: the maxima, then the sums). INT8: the
     columns (one 32-column block) are stored as `Int8Rows` for the output projection."""
+    wait_for_inputs(PDL)
     head = tl.program_id(0)
     token = tl.program_id(1)
     column = tl.program_id(2) * COLUMNS
@@ -232,7 +237,7 @@ class TritonAttentionDecode:
             context, window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim,
             GROUP=group, ROWS=rows, BLOCK_T=block_t, BLOCK_DK=triton.next_power_of_2(key_dim),
             BLOCK_DV=block_dv, WINDOWED=window is not None, SPAN=SPAN_STEP, DOT=dot, num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES,
+            num_stages=NUM_STAGES, **dependent_launch.launch_options(q.device),
         )  # fmt: skip
         if int8 and value_dim % ACT_BLOCK:  # each combine program quantizes whole blocks of one head
             raise ValueError(f"int8 rows need a head width that is a multiple of {ACT_BLOCK}")
@@ -244,7 +249,7 @@ class TritonAttentionDecode:
             acc, maxima, sums, index, *pointers, n_kv, splits, context, window or 0, n_heads,
             n_heads // n_kv, value_dim, GROUP=group, SPLITS=held, BLOCK_DV=block_dv, COLUMNS=columns,
             BLOCK_T=block_t, WINDOWED=window is not None, SPAN=SPAN_STEP, INT8=int8, num_warps=1,
-            enable_fp_fusion=False,
+            enable_fp_fusion=False, **dependent_launch.launch_options(q.device),
         )  # fmt: skip
         return out if int8 else out.to(q.dtype)
 

@@ -19,6 +19,8 @@ import triton.language as tl
 
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, row_outputs
 from gufo.kernels.registry import register
+from gufo.kernels.triton import dependent_launch
+from gufo.kernels.triton.dependent_launch import wait_for_inputs
 from gufo.kernels.triton.gemv_int8 import _store_int8_row
 
 NUM_WARPS = 4
@@ -48,9 +50,10 @@ def _store_row(
 @triton.jit
 def rms_norm_rows(
     x_ptr, w_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_x, eps,
-    INT8: tl.constexpr, BLOCK_K: tl.constexpr,
+    INT8: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one program per row (INT8: as `Int8Rows`)."""
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
@@ -62,10 +65,11 @@ def rms_norm_rows(
 @triton.jit
 def add_rms_norm_rows(
     x_ptr, h_ptr, w_ptr, sum_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_x, stride_h, eps,
-    INT8: tl.constexpr, BLOCK_K: tl.constexpr,
+    INT8: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """sum[r] = x[r] + h[r] and out[r] = RMSNorm(sum[r]) * w, one program per row (the same arithmetic
     as an add followed by `rms_norm_rows`; INT8: out as `Int8Rows`)."""
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
@@ -111,10 +115,11 @@ def _rotated_head(
 @triton.jit
 def rms_norm_rope_rows(
     x_ptr, cos_ptr, sin_ptr, out_ptr, heads, D, ROT, stride_xt, stride_xh, stride_c, w_ptr, eps,
-    NEOX: tl.constexpr, BLOCK_D: tl.constexpr,
+    NEOX: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One program per (token, head): the head's RMSNorm with weight w, then `rope_rows`' rotation of
     the normalised values, without writing them in between."""
+    wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     base = x_ptr + token * stride_xt + head * stride_xh
@@ -127,10 +132,11 @@ def rms_norm_rope_rows(
 @triton.jit
 def rope_rows(
     x_ptr, cos_ptr, sin_ptr, out_ptr, heads, D, ROT, stride_xt, stride_xh, stride_c,
-    NEOX: tl.constexpr, BLOCK_D: tl.constexpr,
+    NEOX: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One program per (token, head): out = x * cos + partner(x) * sin on the first ROT columns, the
     other columns copied."""
+    wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     base = x_ptr + token * stride_xt + head * stride_xh
@@ -145,10 +151,12 @@ def attention_heads_to_cache(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, index_ptr, out_ptr, keys_ptr, values_ptr,
     H, HKV, D, DV, ROT, stride_qt, stride_kt, stride_vt, stride_c, stride_kh, stride_kc, stride_vh, stride_vc,
     eps, NORM: tl.constexpr, NEOX: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """One program per (token, head of q, k or v), for a decode step: q heads normed (NORM) and rotated
     into out [T, H, D]; k heads normed and rotated, v heads as they are, into the cache rows at the
     token's position (index), in the cache's dtype. Replaces two rotary launches and the cache writes."""
+    wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     rows = token * stride_c
@@ -182,10 +190,11 @@ def _gelu_tanh(x):
 @triton.jit
 def gated_act_rows(
     gate_ptr, up_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, F, stride_g, stride_u,
-    GELU: tl.constexpr, INT8: tl.constexpr, BLOCK: tl.constexpr,
+    GELU: tl.constexpr, INT8: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[r, j] = act(gate[r, j]) * up[r, j]; act is SiLU, or tanh-GELU with GELU (INT8: out as
     `Int8Rows`)."""
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     g = tl.load(gate_ptr + row * stride_g + j, mask=j < F, other=0.0).to(tl.float32)
@@ -220,6 +229,7 @@ class TritonRmsNorm:
             rms_norm_rows[(x2.shape[0],)](
                 x2, weight, *pointers, k, x2.stride(0), eps,
                 INT8=int8, BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS, **EXACT,
+                **dependent_launch.launch_options(x.device),
             )  # fmt: skip
         return out if int8 else out.reshape(x.shape)
 
@@ -240,6 +250,7 @@ class TritonAddRmsNorm:
             add_rms_norm_rows[(x2.shape[0],)](
                 x2, h2, weight, total, *pointers, k, x2.stride(0), h2.stride(0), eps,
                 INT8=int8, BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS, **EXACT,
+                **dependent_launch.launch_options(x.device),
             )  # fmt: skip
         return total.reshape(x.shape), out if int8 else out.reshape(x.shape)
 
@@ -258,6 +269,7 @@ def _per_head(
         kernel[(tokens, heads)](
             x, cos, sin, out, heads, dim, cos.shape[-1], x.stride(0), x.stride(1), cos.stride(0), *extra,
             NEOX=neox, BLOCK_D=triton.next_power_of_2(dim), num_warps=1,
+            **dependent_launch.launch_options(x.device),
         )  # fmt: skip
     return out
 
@@ -317,6 +329,7 @@ class TritonAttentionHeads:
                 v2.stride(0), cos.stride(0), keys.stride(0), keys.stride(1), values.stride(0),
                 values.stride(1), eps, NORM=norm, NEOX=neox, BLOCK_D=triton.next_power_of_2(dim),
                 BLOCK_DV=triton.next_power_of_2(value_dim), num_warps=1,
+                **dependent_launch.launch_options(q.device),
             )  # fmt: skip
         return out
 
@@ -334,6 +347,7 @@ class TritonGatedAct:
             gated_act_rows[(rows, triton.cdiv(width, ACTIVATION_BLOCK))](
                 g2, u2, *pointers, width, g2.stride(0), u2.stride(0),
                 GELU=act == "gelu_tanh", INT8=int8, BLOCK=ACTIVATION_BLOCK, num_warps=NUM_WARPS, **EXACT,
+                **dependent_launch.launch_options(gate.device),
             )  # fmt: skip
         return out if int8 else out.reshape(gate.shape)
 

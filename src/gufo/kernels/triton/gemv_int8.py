@@ -24,6 +24,8 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
+from gufo.kernels.triton import dependent_launch
+from gufo.kernels.triton.dependent_launch import prefetch_rows, wait_for_inputs
 from gufo.kernels.triton.gemv import _add_row, _kquant_scale_min, _store, _vector_program
 
 Q = GGMLQuantizationType
@@ -61,8 +63,9 @@ def _store_int8_row(y, row, first, F, xq_ptr, xd_ptr, xs_ptr, BLOCK: tl.constexp
 
 
 @triton.jit
-def quantize_rows_q8(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, BLOCKS: tl.constexpr):
+def quantize_rows_q8(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, BLOCKS: tl.constexpr, PDL: tl.constexpr):
     """x [M, K] -> xq int8 [M, K], xd [M, K / 32] scales, xs [M, K / 16] = d * (sum of q) per 16."""
+    wait_for_inputs(PDL)
     m = tl.program_id(0)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     n_blocks = K // 32
@@ -91,9 +94,13 @@ def _dot4(a, b, NATIVE: tl.constexpr):
 def gemv_q8_0_int8(
     xq_ptr, xd_ptr, xs_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     # a block = 8 words of weights, 8 words of activations, one scale each
-    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 32, BLOCK_N)
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_blocks = K // 32
     j = tl.arange(0, 8)[None, :]
@@ -118,10 +125,16 @@ def gemv_q4_k_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, n_steps,
     steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     # chunk g (4 per super-block, c = g % 4) = 32 qs bytes = 8 words; byte l holds element 64g + l in
     # its low nibble (sub-block 2c) and 64g + 32 + l in its high nibble (sub-block 2c + 1)
-    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 8, BLOCK_N)
+        prefetch_rows(scales_ptr, N, K // 256 * 12, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
+        prefetch_rows(dmin_ptr, N, K // 256, BLOCK_N)
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     j = tl.arange(0, 8)[None, :]
@@ -162,12 +175,18 @@ def gemv_q6_k_int8(
     xq_ptr, xd_ptr, xs_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, n_steps,
     steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     # half h of the row (2 per super-block, a = h % 2) = 128 elements: ql words lo = ql[64a + 4j],
     # hi = ql[64a + 32 + 4j], qh words qh[32a + 4j] (j = 4p + jj < 8). Quarter t = 0..3 holds elements
     # 128a + 32t + 4j..: low 4 bits (lo if t is even, else hi) >> 4 (t // 2), high 2 bits qh >> 2t; value
     # q - 32 with q in 0..63, scale index 8a + 2t + p (16 elements each)
-    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N)
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(ql_ptr, N, K // 8, BLOCK_N)
+        prefetch_rows(qh_ptr, N, K // 16, BLOCK_N)
+        prefetch_rows(scales_ptr, N, K // 16, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
+    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     pair = tl.arange(0, 2)[None, :]  # p
@@ -224,7 +243,10 @@ def quantize_rows(x: torch.Tensor) -> Int8Rows:
     rows = empty_int8_rows(m, k, x.device)
     grid = (m, triton.cdiv(k // ACT_BLOCK, QUANT_BLOCKS))
     # no fused multiply-add: see _store_int8_blocks
-    quantize_rows_q8[grid](x, *rows, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False)
+    quantize_rows_q8[grid](
+        x, *rows, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False,
+        **dependent_launch.launch_options(x.device),
+    )  # fmt: skip
     return rows
 
 
@@ -246,10 +268,12 @@ def launch(
     m, k = x.shape
     xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_rows(x)
     words = tuple(p.view(torch.int32) if i in WORD_PLANES[qtype] else p for i, p in enumerate(planes))
+    weight_bytes = sum(p.numel() * p.element_size() for p in planes)
     KERNELS[qtype][grid](
         xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, NATIVE=native(), num_warps=warps,
-        enable_fp_fusion=False,
+        enable_fp_fusion=False, PREFETCH=dependent_launch.prefetches(out.device, weight_bytes),
+        **dependent_launch.launch_options(out.device),
     )  # fmt: skip
     # Without fused multiply-adds every row rounds the same way in any row tile: with them, some Q4_K
     # rows of a 10-row product differed from the same rows alone on the H200 (batch invariance lost).

@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from gufo.kernels.triton import attention, elementwise, gemv
+from gufo.kernels.triton import attention, dependent_launch, elementwise, gemv
 
 KERNEL_MODULES = (gemv, attention, elementwise)  # each has launch_examples()
 TARGETS = {
@@ -52,9 +52,11 @@ class Variant:
 def variants(target: str) -> list[Variant]:
     """The distinct configurations the launch code uses on `target` (first shape wins for each name)."""
     recorder = _Recorder()
+    gpu = TARGETS[target]
     with (
         mock.patch.object(JITFunction, "run", recorder.record),
-        mock.patch.object(torch.version, "hip", "offline" if TARGETS[target].backend == "hip" else None),
+        mock.patch.object(torch.version, "hip", "offline" if gpu.backend == "hip" else None),
+        mock.patch.object(dependent_launch, "supported", lambda _: gpu.backend == "cuda" and gpu.arch >= 90),
     ):
         for module in KERNEL_MODULES:
             for label in module.launch_examples():
