@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from gufo.cli import main as cli_main  # noqa: E402
-from gufo.kernels.triton import attention, elementwise, gemv, gemv_int8  # noqa: E402
+from gufo.kernels.triton import attention, elementwise, gemv, gemv_int8, offline  # noqa: E402
 
 ALLOWANCE = Path(gemv.__file__).with_name("allowance.json")
 TARGETS = ("gfx1151", "sm_90")
@@ -154,3 +154,11 @@ def test_dependent_launches_wait_before_reading(compiled):
         wait = ptx.index("griddepcontrol.wait")
         assert "ld.global" not in ptx[:wait], k["name"]
         assert ptx.index("griddepcontrol.launch_dependents") > wait, k["name"]
+
+
+@pytest.mark.parametrize("target", ["sm_80", "gfx1151"])
+def test_dependent_launches_only_where_the_target_has_them(target):
+    """Programmatic dependent launch needs sm_90: the launch code asks for it nowhere else."""
+    recorded = offline.variants(target)
+    assert recorded and not any(v.kwargs.get("launch_pdl") or v.kwargs.get("PDL") for v in recorded)
+    assert all(v.kwargs["PDL"] is False for v in recorded if not v.name.startswith("dequant_"))

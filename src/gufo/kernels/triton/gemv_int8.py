@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
 from gufo.kernels.triton import dependent_launch
 from gufo.kernels.triton.dependent_launch import prefetch_rows, wait_for_inputs
-from gufo.kernels.triton.gemv import _add_row, _kquant_scale_min, _store, _vector_program
+from gufo.kernels.triton.gemv import _add_row, _store, _vector_program
 
 Q = GGMLQuantizationType
 
@@ -121,6 +121,28 @@ def gemv_q8_0_int8(
 
 
 @triton.jit
+def _q4_k_sub_block_scale(w0, w1, w2, shift, high_half):
+    """One sub-block's 6-bit (scale, min) as float32 from byte `shift // 8` of each of the 3 scale words."""
+    b0, b1, b2 = (w0 >> shift) & 255, (w1 >> shift) & 255, (w2 >> shift) & 255
+    scale = tl.where(high_half, (b2 & 15) | ((b0 >> 6) << 4), b0 & 63)
+    minimum = tl.where(high_half, (b2 >> 4) | ((b1 >> 6) << 4), b1 & 63)
+    return scale.to(tl.float32), minimum.to(tl.float32)
+
+
+@triton.jit
+def _q4_k_chunk_scales(words, c):
+    """Q4_K 6-bit (scale, min) of the sub-blocks 2c and 2c + 1 of chunks c (0..3) from a super-block's
+    12 scale bytes read as 3 int32 words at `words`: the packing `gemv._kquant_scale_min` reads byte by
+    byte (bytes 0-3 low scales, 4-7 low mins, 8-11 the high sub-blocks' low 4 bits; sub-blocks 4..7 take
+    their top 2 bits from bytes 0-7), in 3 loads instead of 6."""
+    w0, w1, w2 = tl.load(words), tl.load(words + 1), tl.load(words + 2)
+    shift = 16 * (c % 2)  # sub-block 2c sits in byte 2 (c % 2) of its words, 2c + 1 in the next
+    sc_low, min_low = _q4_k_sub_block_scale(w0, w1, w2, shift, c >= 2)
+    sc_high, min_high = _q4_k_sub_block_scale(w0, w1, w2, shift + 8, c >= 2)
+    return sc_low, min_low, sc_high, min_high
+
+
+@triton.jit
 def gemv_q4_k_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, n_steps,
     steps_per_split,
@@ -131,7 +153,7 @@ def gemv_q4_k_int8(
     # its low nibble (sub-block 2c) and 64g + 32 + l in its high nibble (sub-block 2c + 1)
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 8, BLOCK_N)
-        prefetch_rows(scales_ptr, N, K // 256 * 12, BLOCK_N)
+        prefetch_rows(scales_ptr, N, K // 256 * 3, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
         prefetch_rows(dmin_ptr, N, K // 256, BLOCK_N)
     n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
@@ -148,9 +170,8 @@ def gemv_q4_k_int8(
         high = (w >> 4) & 0x0F0F0F0F
         d = tl.load(d_ptr + row[:, None] * n_super + sb).to(tl.float32)
         dmin = tl.load(dmin_ptr + row[:, None] * n_super + sb).to(tl.float32)
-        scales = scales_ptr + row[:, None] * (n_super * 12) + sb * 12
-        sc_low, min_low = _kquant_scale_min(scales, 2 * c)
-        sc_high, min_high = _kquant_scale_min(scales, 2 * c + 1)
+        scale_words = scales_ptr + row[:, None] * (n_super * 3) + sb * 3
+        sc_low, min_low, sc_high, min_high = _q4_k_chunk_scales(scale_words, c)
         for r in tl.static_range(BLOCK_M):
             mr = tl.program_id(2) * BLOCK_M + r
             ok = (g < 4 * n_super) & (mr < M)
@@ -228,7 +249,7 @@ def gemv_q6_k_int8(
 
 
 KERNELS = {Q.Q8_0: gemv_q8_0_int8, Q.Q4_K: gemv_q4_k_int8, Q.Q6_K: gemv_q6_k_int8}
-WORD_PLANES = {Q.Q8_0: (0,), Q.Q4_K: (3,), Q.Q6_K: (0, 1)}  # gemv.py planes of quant bytes, read as int32
+WORD_PLANES = {Q.Q8_0: (0,), Q.Q4_K: (2, 3), Q.Q6_K: (0, 1)}  # gemv.py planes of bytes, read as int32
 
 
 def native() -> bool:
