@@ -26,7 +26,19 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton built without its CUDA backend (ROCm-only): PDL is never True there
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
 
 ENABLED = os.environ.get("GUFO_DEPENDENT_LAUNCH", "1") != "0"
 PREFETCH_MAX_BYTES = 8 << 20  # weight matrices up to this size prefetch their rows before waiting
