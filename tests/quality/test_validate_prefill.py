@@ -39,6 +39,8 @@ def test_noise_in_one_prefill_layer_fails_with_exit_1_before_any_table(capsys, m
     assert code == 1
     assert out == ""  # no table
     assert "top1_match=no" in err and "prefill validation failed" in err
+    margin = float(err.split("sequential_margin=")[1].split()[0])  # the report's own number, in the error
+    assert f"leads its runner-up by {margin:.3g})" in err
 
 
 def test_metrics_by_hand():
@@ -48,4 +50,6 @@ def test_metrics_by_hand():
     assert diff.max_abs_diff == 2.0 and diff.mean_abs_diff == 0.5 and diff.rmse == 1.0
     assert diff.cosine == pytest.approx(22 / (30**0.5 * 18**0.5))
     assert (diff.reference_top1, diff.candidate_top1, diff.top1_match, diff.finite) == (3, 2, False, True)
+    assert diff.reference_margin == 1.0  # 4 - 3
+    assert compare_logits(torch.tensor([0.5, 2.25, 2.0]), candidate[:3]).reference_margin == 0.25
     assert not compare_logits(reference, torch.tensor([1.0, float("nan"), 0.0, 0.0])).finite

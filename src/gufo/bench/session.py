@@ -107,7 +107,11 @@ def run_validations(
         result = validate_prefill(engine, plan.validate_prefill, progress)
         report(result)
         if not result.passed:
-            raise CheckFailedError(f"{name}: prefill validation failed (decode and batched prefill disagree)")
+            lead = f"; decode's top-1 leads its runner-up by {result.diff.reference_margin:.3g}"
+            raise CheckFailedError(
+                f"{name}: prefill validation failed (decode and batched prefill disagree"
+                f"{lead if result.diff.finite else ''})"
+            )
         results[name] = result.as_dict()
     return results
 

@@ -118,7 +118,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="first compare the final logits of N random tokens fed one at a time (decode path) with the "
         "same N in one batched prefill; print two [Prefill Validation] lines on stderr; exit 1 before any "
-        "table unless both are finite with the same top-1 token. With -p 0 -n 0 it runs alone",
+        "table unless both are finite with the same top-1 token (sequential_margin: the decode path's top-1 "
+        "lead over its runner-up, to tell a near-tie from a fault). With -p 0 -n 0 it runs alone",
     )
     add_speculative_flags(parser)
     add_tensor_parallel_flag(parser)

@@ -16,6 +16,7 @@ class LogitDiff:
     reference_top1: int
     candidate_top1: int
     finite: bool
+    reference_margin: float  # the reference's top-1 logit minus its runner-up: how near a tie it is
 
     @property
     def top1_match(self) -> bool:
@@ -40,4 +41,5 @@ def compare_logits(reference: torch.Tensor, candidate: torch.Tensor) -> LogitDif
         reference_top1=int(ref.argmax()),
         candidate_top1=int(cand.argmax()),
         finite=finite,
+        reference_margin=float(ref.topk(2).values.diff().neg()) if ref.numel() > 1 else 0.0,
     )

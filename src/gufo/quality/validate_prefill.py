@@ -2,7 +2,9 @@
 
 N tokens go one at a time through decode, then the same N through one batched prefill (chunked by the
 engine's batch size) from position 0; the final full-vocabulary logits are compared. Pass = both finite
-and the same top-1 token.
+and the same top-1 token. The report also gives the decode path's top-1 lead over its runner-up
+(sequential_margin): a mismatch at a lead smaller than max_abs_diff is a near-tie that the two paths'
+rounding swapped.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class PrefillValidation:
             f"[Prefill Validation] tokens={self.n_tokens} sequential_top1={d.reference_top1} "
             f"batched_top1={d.candidate_top1} top1_match={yes[d.top1_match]} finite={yes[d.finite]}",
             f"[Prefill Validation] max_abs_diff={d.max_abs_diff:.8f} mean_abs_diff={d.mean_abs_diff:.8f} "
-            f"rmse={d.rmse:.8f} cosine={d.cosine:.8f}",
+            f"rmse={d.rmse:.8f} cosine={d.cosine:.8f} sequential_margin={d.reference_margin:.8f}",
         ]
 
     def as_dict(self) -> dict[str, object]:
