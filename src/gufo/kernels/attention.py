@@ -45,6 +45,15 @@ def decode_span(position: int, context: int) -> int:
     return min(context, (position // SPAN_STEP + 1) * SPAN_STEP)
 
 
+def write_entries(
+    keys: torch.Tensor, values: torch.Tensor, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """k [T, Hkv, D] and v [T, Hkv, Dv] into a slot's cache keys/values [Hkv, context, D] at positions
+    index ([T] int64, read on the device: capturable in a CUDA graph), in the cache's dtype."""
+    keys.index_copy_(1, index, k.transpose(0, 1).to(keys.dtype))
+    values.index_copy_(1, index, v.transpose(0, 1).to(values.dtype))
+
+
 def visible(span: int, index: torch.Tensor, window: int | None) -> torch.Tensor:
     """[span] bool: which cache entries the query at `index` attends to."""
     seen = torch.arange(span, device=index.device)

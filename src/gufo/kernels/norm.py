@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from gufo.kernels.attention import write_entries
 from gufo.kernels.cpu_int8 import library
 from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
 from gufo.kernels.pointwise import ReferenceRope
@@ -99,6 +100,5 @@ class ReferenceAttentionHeads:
             normed = x if weight is None else ReferenceRmsNorm.apply(x, weight, eps)
             return ReferenceRope.apply(normed, cos, sin, neox)
 
-        keys.index_copy_(1, index, rotate(k, k_weight).transpose(0, 1).to(keys.dtype))
-        values.index_copy_(1, index, v.transpose(0, 1).to(values.dtype))
+        write_entries(keys, values, index, rotate(k, k_weight), v)
         return rotate(q, q_weight)

@@ -33,6 +33,7 @@ def compare_logits(reference: torch.Tensor, candidate: torch.Tensor) -> LogitDif
         raise ValueError(f"logit vectors differ in length: {ref.numel()} vs {cand.numel()}")
     finite = bool(torch.isfinite(ref).all() and torch.isfinite(cand).all())
     diff = (ref - cand).abs()
+    top = ref.topk(min(2, ref.numel())).values
     return LogitDiff(
         max_abs_diff=float(diff.max()),
         mean_abs_diff=float(diff.mean()),
@@ -41,5 +42,5 @@ def compare_logits(reference: torch.Tensor, candidate: torch.Tensor) -> LogitDif
         reference_top1=int(ref.argmax()),
         candidate_top1=int(cand.argmax()),
         finite=finite,
-        reference_margin=float(ref.topk(2).values.diff().neg()) if ref.numel() > 1 else 0.0,
+        reference_margin=float(top[0] - top[1]) if len(top) == 2 else 0.0,
     )

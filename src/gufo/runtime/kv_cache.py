@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from gufo.errors import BadInputError
+from gufo.kernels.attention import write_entries
 from gufo.runtime.recurrent_state import RecurrentState
 
 
@@ -86,8 +87,7 @@ class KVCache:
         """`append` at positions held on the device (index [T] int64, no bounds check on the host), so
         the write can be captured in a CUDA graph; returns the slot's [kv_heads, ctx, dim]."""
         keys, values = self.entries(layer, slot)
-        keys.index_copy_(1, index, k.transpose(0, 1).to(keys.dtype))
-        values.index_copy_(1, index, v.transpose(0, 1).to(values.dtype))
+        write_entries(keys, values, index, k, v)
         return keys, values
 
     def snapshot(self, slot: int, length: int) -> CacheSnapshot:

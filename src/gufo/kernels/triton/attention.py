@@ -231,13 +231,14 @@ class TritonAttentionDecode:
         maxima = torch.empty(n_tokens, n_kv, splits, group, dtype=torch.float32, device=q.device)
         sums = torch.empty_like(maxima)
         q = q.contiguous()
+        launch = dependent_launch.launch_options(q.device)
         attention_decode_split[(n_kv, splits, n_tokens)](
             q, keys, values, index, acc, maxima, sums,
             keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
             context, window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim,
             GROUP=group, ROWS=rows, BLOCK_T=block_t, BLOCK_DK=triton.next_power_of_2(key_dim),
             BLOCK_DV=block_dv, WINDOWED=window is not None, SPAN=SPAN_STEP, DOT=dot, num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES, **dependent_launch.launch_options(q.device),
+            num_stages=NUM_STAGES, **launch,
         )  # fmt: skip
         if int8 and value_dim % ACT_BLOCK:  # each combine program quantizes whole blocks of one head
             raise ValueError(f"int8 rows need a head width that is a multiple of {ACT_BLOCK}")
@@ -249,7 +250,7 @@ class TritonAttentionDecode:
             acc, maxima, sums, index, *pointers, n_kv, splits, context, window or 0, n_heads,
             n_heads // n_kv, value_dim, GROUP=group, SPLITS=held, BLOCK_DV=block_dv, COLUMNS=columns,
             BLOCK_T=block_t, WINDOWED=window is not None, SPAN=SPAN_STEP, INT8=int8, num_warps=1,
-            enable_fp_fusion=False, **dependent_launch.launch_options(q.device),
+            enable_fp_fusion=False, **launch,
         )  # fmt: skip
         return out if int8 else out.to(q.dtype)
 
