@@ -8,10 +8,10 @@ head (GQA), keeps a running maximum and sum (online softmax) in float32, and wri
 result; `attention_decode_combine` rescales and adds the partials per head. The cache may be float16
 (what the GPU engine stores) or float32; the arithmetic is float32 either way.
 
-Each token's position is read from a device tensor, and so is the span of the cache it reads
-(`decode_span`: whole SPAN_STEP blocks up to the position) and how that span is cut into ranges. The
-launch shape depends on the head layout alone, so one captured CUDA graph serves every position, and a
-token gives the same numbers whether it runs alone or among drafted tokens (speculative verification).
+Each token's position is read from a device tensor, and so is how the cache entries up to it are cut
+into ranges. The launch shape depends on the head layout alone, so one captured CUDA graph serves every
+position, and a token gives the same numbers whether it runs alone or among drafted tokens (speculative
+verification), whatever length of cache it is given.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gufo.kernels.attention import SPAN_STEP, decode_span
+from gufo.kernels.attention import decode_span
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, row_outputs
 from gufo.kernels.registry import register
 from gufo.kernels.triton import dependent_launch
@@ -42,11 +42,11 @@ COMBINE_COLUMNS = 32  # value columns per combine program (one int8 block)
 
 
 @triton.jit
-def _range_size(index, context, n_splits, BLOCK_T: tl.constexpr, SPAN: tl.constexpr):
-    """Cache entries per range for a token at `index`: its span (decode_span: whole SPAN blocks up to
-    the position) cut into n_splits ranges of whole loop steps; ranges past the position stay empty."""
-    span = tl.minimum(context, (index // SPAN + 1) * SPAN)
-    return tl.cdiv(tl.cdiv(span, n_splits), BLOCK_T) * BLOCK_T
+def _range_size(index, n_splits, BLOCK_T: tl.constexpr):
+    """Cache entries per range for a token at `index`: its entries 0..index cut into n_splits ranges of
+    whole loop steps (the last ranges may stay empty). Cut by the position alone, not by the cache's
+    length: a longer cache (a benchmark's prompt room) must not lengthen the ranges."""
+    return tl.cdiv(tl.cdiv(index + 1, n_splits), BLOCK_T) * BLOCK_T
 
 
 @triton.jit
@@ -63,9 +63,9 @@ def _product(a, b, DOT: tl.constexpr):
 @triton.jit
 def attention_decode_split(
     q_ptr, k_ptr, v_ptr, index_ptr, acc_ptr, max_ptr, sum_ptr,
-    stride_kh, stride_kt, stride_vh, stride_vt, context, window, scale, H, G, DK, DV,
+    stride_kh, stride_kt, stride_vh, stride_vt, window, scale, H, G, DK, DV,
     GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DK: tl.constexpr,
-    BLOCK_DV: tl.constexpr, WINDOWED: tl.constexpr, SPAN: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_DV: tl.constexpr, WINDOWED: tl.constexpr, DOT: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (KV head, range, token): the G query heads of the KV head (ROWS held, GROUP stored) over the
@@ -82,7 +82,7 @@ def attention_decode_split(
     # the visible entries of a range: t <= index (and t > index - window); every loop step of a
     # non-empty range then holds at least one visible key, so the running maximum is finite after the
     # first. Empty ranges store nothing: the combine kernel skips them by the same arithmetic.
-    chunk = _range_size(index, context, n_splits, BLOCK_T, SPAN)
+    chunk = _range_size(index, n_splits, BLOCK_T)
     lo = split * chunk
     hi = tl.minimum(lo + chunk, index + 1)
     if WINDOWED:
@@ -123,10 +123,9 @@ def attention_decode_split(
 
 @triton.jit
 def attention_decode_combine(
-    acc_ptr, max_ptr, sum_ptr, index_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, n_kv, n_splits, context,
-    window, H, G, DV, GROUP: tl.constexpr, SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr,
-    COLUMNS: tl.constexpr, BLOCK_T: tl.constexpr, WINDOWED: tl.constexpr, SPAN: tl.constexpr,
-    INT8: tl.constexpr, PDL: tl.constexpr,
+    acc_ptr, max_ptr, sum_ptr, index_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, n_kv, n_splits, window,
+    H, G, DV, GROUP: tl.constexpr, SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr, COLUMNS: tl.constexpr,
+    BLOCK_T: tl.constexpr, WINDOWED: tl.constexpr, INT8: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (head, token, COLUMNS value columns): the ranges the split kernel filled, SPLITS at a time,
     weighted by exp(range maximum - overall maximum) (two passes: the maxima, then the sums). INT8: the
@@ -137,7 +136,7 @@ def attention_decode_combine(
     column = tl.program_id(2) * COLUMNS
     kv_head = head // G
     index = tl.load(index_ptr + token)
-    chunk = _range_size(index, context, n_splits, BLOCK_T, SPAN)
+    chunk = _range_size(index, n_splits, BLOCK_T)
     first = 0
     if WINDOWED:
         first = tl.maximum(index - window + 1, 0) // chunk
@@ -199,8 +198,8 @@ def decode_launch(
 @register("cuda", "attention_decode")
 class TritonAttentionDecode:
     name = "triton-attention-decode"
-    # every step reads the span a captured graph at its position reads (the kernel bounds it by the
-    # position on the device), so eager steps and drafted tokens verified together give the graph's numbers
+    # the kernels read and split the entries up to each token's position on the device, whatever span
+    # they are given, so eager steps and drafted tokens verified together give the graph's numbers
     span = staticmethod(decode_span)
     tokens_at_once = True  # one launch takes several tokens, each at its own position
 
@@ -221,7 +220,7 @@ class TritonAttentionDecode:
         `programs`: how many programs to aim for per token (default PROGRAMS_PER_MULTIPROCESSOR per
         multiprocessor)."""
         n_tokens, n_heads, key_dim = q.shape
-        n_kv, context, _ = keys.shape
+        n_kv = keys.shape[0]
         value_dim = values.shape[-1]
         programs = programs or PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(q.device)
         dot = use_dot() and max(key_dim, value_dim) <= DOT_MAX_WIDTH
@@ -235,9 +234,9 @@ class TritonAttentionDecode:
         attention_decode_split[(n_kv, splits, n_tokens)](
             q, keys, values, index, acc, maxima, sums,
             keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
-            context, window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim,
+            window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim,
             GROUP=group, ROWS=rows, BLOCK_T=block_t, BLOCK_DK=triton.next_power_of_2(key_dim),
-            BLOCK_DV=block_dv, WINDOWED=window is not None, SPAN=SPAN_STEP, DOT=dot, num_warps=NUM_WARPS,
+            BLOCK_DV=block_dv, WINDOWED=window is not None, DOT=dot, num_warps=NUM_WARPS,
             num_stages=NUM_STAGES, **launch,
         )  # fmt: skip
         if int8 and value_dim % ACT_BLOCK:  # each combine program quantizes whole blocks of one head
@@ -247,9 +246,9 @@ class TritonAttentionDecode:
         held = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
         columns = min(COMBINE_COLUMNS, block_dv)
         attention_decode_combine[(n_heads, n_tokens, triton.cdiv(value_dim, columns))](
-            acc, maxima, sums, index, *pointers, n_kv, splits, context, window or 0, n_heads,
+            acc, maxima, sums, index, *pointers, n_kv, splits, window or 0, n_heads,
             n_heads // n_kv, value_dim, GROUP=group, SPLITS=held, BLOCK_DV=block_dv, COLUMNS=columns,
-            BLOCK_T=block_t, WINDOWED=window is not None, SPAN=SPAN_STEP, INT8=int8, num_warps=1,
+            BLOCK_T=block_t, WINDOWED=window is not None, INT8=int8, num_warps=1,
             enable_fp_fusion=False, **launch,
         )  # fmt: skip
         return out if int8 else out.to(q.dtype)
