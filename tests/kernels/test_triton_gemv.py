@@ -16,7 +16,7 @@ from triton_interpreter import interpreter_tests, run_cases
 
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels import registry
-from gufo.kernels.int8_rows import quantize_rows_reference
+from gufo.kernels.int8_rows import quantize_rows_reference, rounded_rows_reference
 from gufo.kernels.linear_reference import ReferenceLinear
 from gufo.quant import block_shape
 
@@ -67,12 +67,11 @@ def activations(m: int, k: int, dtype: torch.dtype = torch.float32) -> torch.Ten
 
 def operands(x: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> torch.Tensor:
     """The activations a product of x multiplies: x itself, or x quantized per 32 columns to int8 and
-    dequantized where the vector kernels take int8 activations (gemv_int8.py; its torch quantizer)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.shape[0] > gemv.MAX_BLOCK_M or not gemv.int8_activations(x, qtype):
+    dequantized where the vector kernels take int8 activations (gemv_int8.py; its torch quantizer) and
+    where prefill rounds them the same way."""
+    if not gemv.int8_activations(x, qtype):
         return x
-    xq, xd, _ = quantize_rows_reference(x2)
-    return (xq.float().reshape(xq.shape[0], -1, 32) * xd[..., None]).reshape(x.shape)
+    return rounded_rows_reference(x.reshape(-1, x.shape[-1])).reshape(x.shape)
 
 
 def check(y: torch.Tensor, x: torch.Tensor, info: TensorInfo, rel: float) -> None:
@@ -98,8 +97,8 @@ def check_against_reference(
     info = random_tensor(qtype)
     x = activations(m, info.shape[1], dtype)
     rel = FLOAT32_REL if dtype == torch.float32 else HALF_REL[dtype]
-    if m > gemv.MAX_BLOCK_M:  # the prefill path's operands: bf16 for block formats, float weights' own
-        rel = FLOAT_PREFILL_REL.get(qtype, HALF_REL[torch.bfloat16])
+    if m > gemv.MAX_BLOCK_M:  # the prefill path's operands: float16 for block formats, float weights' own
+        rel = FLOAT_PREFILL_REL.get(qtype, HALF_REL[torch.float16])
     check(gemv.TritonLinear.apply(x, gemv.TritonLinear.prepare(info)), x, info, rel)
 
 
@@ -128,11 +127,13 @@ def check_dequantize(qtype: gguf.GGMLQuantizationType, rows: int = ROWS, cols: i
     got = gemv.dequantize_weight(weight, torch.float32).cpu()
     assert got.shape == want.shape == info.shape, (got.shape, want.shape)
     torch.testing.assert_close(got, want.reshape(info.shape), rtol=1e-6, atol=1e-30)
-    half = gemv.dequantize_weight(weight, torch.bfloat16).cpu().float()
+    half = gemv.dequantize_weight(weight, torch.float16).cpu()  # the prefill operands: round to nearest even
+    assert torch.equal(half, got.to(torch.float16))
+    brain = gemv.dequantize_weight(weight, torch.bfloat16).cpu().float()
     if torch.cuda.is_available():  # compiled: round to nearest even, like torch
-        assert torch.equal(half, got.to(torch.bfloat16).float())
+        assert torch.equal(brain, got.to(torch.bfloat16).float())
     else:  # the interpreter's bf16 conversion may truncate: within one bf16 step
-        torch.testing.assert_close(half, got, rtol=2.0**-7, atol=1e-30)
+        torch.testing.assert_close(brain, got, rtol=2.0**-7, atol=1e-30)
 
 
 def check_quantize_rows() -> None:
@@ -149,6 +150,18 @@ def check_quantize_rows() -> None:
     assert np.array_equal(blocks[..., :2].copy().view(np.float16)[..., 0], xd.numpy().astype(np.float16))
     sums = xq.float().reshape(3, -1, 16).sum(-1) * xd.repeat_interleave(2, -1)
     torch.testing.assert_close(xs, sums, rtol=1e-6, atol=0)
+
+
+def check_round_rows() -> None:
+    """Prefill's activation rounding: bit for bit its torch oracle (the int8 quantizer's values times
+    their block scales, rounded to float16), on blocks of very different magnitudes."""
+    x = activations(3, 1024) * torch.logspace(-3, 2, 1024)
+    x[1, 64:96] = 0.0
+    want = rounded_rows_reference(x, torch.float16)
+    assert torch.equal(gemv_int8.round_rows(x, torch.float16), want)
+    # within half a quantization step of x, plus float16's rounding
+    step = x.reshape(3, -1, 32).abs().amax(-1).repeat_interleave(32, -1) / 127
+    assert ((want.float() - x).abs() <= step / 2 * (1 + 2.0**-20) + x.abs() * 2.0**-11).all()
 
 
 def check_int8_rows_input(qtype: gguf.GGMLQuantizationType) -> None:
@@ -185,6 +198,7 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         cases[f"dequant-{qtype.name}"] = lambda q=qtype: check_dequantize(q)
     cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
     cases["quantize_rows"] = check_quantize_rows
+    cases["round_rows"] = check_round_rows
     for qtype in gemv.INT8_FORMATS:
         cases[f"int8_rows_input-{qtype.name}"] = lambda q=qtype: check_int8_rows_input(q)
     return cases
@@ -245,7 +259,7 @@ def test_gpu_real_shapes(qtype, m):
     for dtype in (torch.float32, torch.bfloat16):
         x = activations(m, 4096, dtype)
         y = gemv.TritonLinear.apply(x.cuda(), weight).cpu()
-        prefill = m > gemv.MAX_BLOCK_M  # bf16 operands for block formats, float weights' own dtype
+        prefill = m > gemv.MAX_BLOCK_M  # float16 operands for block formats, float weights' own dtype
         operands = gemv.FLOAT_PREFILL_DTYPES.get(qtype, gemv.PREFILL_DTYPE) if prefill else dtype
         check(y, x, info, max(GPU_REL[operands], GPU_REL[dtype]))
 
@@ -258,7 +272,10 @@ def test_gpu_dequantize_real_shape(qtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gpu_quantize_rows_real_shape():
-    """The compiled quantizer bit for bit its torch oracle on a Qwen3-8B FFN width."""
+    """The compiled quantizer and prefill's activation rounding bit for bit their torch oracles on a
+    Qwen3-8B FFN width."""
     x = activations(16, 12288) * 10.0
     for mine, oracle in zip(gemv_int8.quantize_rows(x.cuda()), quantize_rows_reference(x), strict=True):
         assert torch.equal(mine.cpu(), oracle)
+    rounded = gemv_int8.round_rows(x.cuda(), torch.float16).cpu()
+    assert torch.equal(rounded, rounded_rows_reference(x, torch.float16))

@@ -89,8 +89,9 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     engine |= {"attention_decode_split", "attention_decode_combine"}
     engine |= {"rms_norm_rows", "add_rms_norm_rows", "rope_rows", "rms_norm_rope_rows", "gated_act_rows"}
     engine.add("attention_heads_to_cache")
-    # NVIDIA multiplies float32 activations of these formats on int8 (dp4a) instead of their vector kernels
-    int8 = {k.__name__ for k in gemv_int8.KERNELS.values()} | {"quantize_rows_q8"}
+    # NVIDIA multiplies float32 activations of these formats on int8 (dp4a) instead of their vector
+    # kernels, and rounds their prefill activations to the same int8 values
+    int8 = {k.__name__ for k in gemv_int8.KERNELS.values()} | {"quantize_rows_q8", "round_rows_q8"}
     replaced = {gemv.FORMATS[q].kernel.__name__ for q in gemv_int8.KERNELS}
     assert public == engine | dot | int8
     # no tensor-core or dp4a path on ROCm
@@ -138,17 +139,20 @@ def test_unknown_target_is_bad_input(capsys):
     assert code == 2 and "gfx9999" in err and len(err.strip().splitlines()) == 1
 
 
+PREFILL_KERNELS = ("dequant_", "round_rows_")  # launched once per prefill product, not dependently
+
+
 def test_dependent_launches_wait_before_reading(compiled):
     """sm_90 launches the decode kernels with programmatic dependent launch (dependent_launch): each such
     kernel must wait for the kernel before it (griddepcontrol.wait) before any global load, and only
-    then let the next one launch; the prefill dequantizers launch plainly."""
+    then let the next one launch; the prefill kernels (dequantizers, activation rounding) launch plainly."""
     _, kernels = compiled
     nvidia = [k for k in kernels if k["arch"] == "sm_90"]
     for k in nvidia:
         binary = _binary(k)
         meta = json.loads(binary.with_suffix(".json").read_text())
         ptx = binary.with_suffix(".ptx").read_text()
-        assert meta["launch_pdl"] == (not k["name"].startswith("dequant_")), k["name"]
+        assert meta["launch_pdl"] == (not k["name"].startswith(PREFILL_KERNELS)), k["name"]
         if not meta["launch_pdl"]:
             assert "griddepcontrol" not in ptx, k["name"]
             continue
@@ -162,7 +166,7 @@ def test_dependent_launches_only_where_the_target_has_them(target):
     """Programmatic dependent launch needs sm_90: the launch code asks for it nowhere else."""
     recorded = offline.variants(target)
     assert recorded and not any(v.kwargs.get("launch_pdl") or v.kwargs.get("PDL") for v in recorded)
-    assert all(v.kwargs["PDL"] is False for v in recorded if not v.name.startswith("dequant_"))
+    assert all(v.kwargs["PDL"] is False for v in recorded if not v.name.startswith(PREFILL_KERNELS))
 
 
 NO_CUDA_BACKEND = """

@@ -147,7 +147,7 @@ def test_cuda_matches_the_cpu_with_and_without_graphs(model_path):
         steps = torch.stack([engine.decode(t, i) for i, t in enumerate(tokens)])
         assert float((steps - cpu).abs().max()) < 1e-2  # float16 KV on GPUs (3e-3 measured on an H200)
         assert torch.equal(steps.argmax(-1), cpu.argmax(-1))
-        # prefill products take bf16 operands on the GPU (the Triton linear route), so only near
+        # prefill products take float16 operands on the GPU (the Triton linear route), so only near
         prefill = engine.prefill(tokens, all_logits=True)
         assert float((prefill.argmax(-1) == cpu.argmax(-1)).float().mean()) > 0.9
         assert validate_prefill(engine, 256).passed

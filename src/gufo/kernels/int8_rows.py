@@ -63,6 +63,13 @@ def quantize_rows_reference(x: torch.Tensor) -> Int8Rows:
     return Int8Rows(q.to(torch.int8).reshape(m, -1), d, (d[..., None] * sums).reshape(m, -1))
 
 
+def rounded_rows_reference(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x [M, K] as the int8 products multiply it: each value q * d of its 32-column block, in dtype
+    (the oracle of the prefill's activation rounding, gemv_int8.round_rows)."""
+    xq, xd, _ = quantize_rows_reference(x)
+    return (xq.float().reshape(xq.shape[0], -1, ACT_BLOCK) * xd[..., None]).reshape(x.shape).to(dtype)
+
+
 def as_int8_rows(x: torch.Tensor) -> Int8Rows:
     """x [..., K] as `Int8Rows` of its rows (the references' `int8` outputs)."""
     return quantize_rows_reference(x.reshape(-1, x.shape[-1]))

@@ -62,7 +62,11 @@ VECTOR_BLOCK_M = (
     4  # activation rows per program of the vector kernels (unrolled: each adds one FMA per weight)
 )
 MAX_SPLITS = 16
-PREFILL_DTYPE = torch.bfloat16  # operands of the prefill product (M > MAX_BLOCK_M) for block formats
+# Operands of the prefill product (M > MAX_BLOCK_M) for block formats: float16 has 3 more mantissa bits
+# than bfloat16 at the same tensor-core rate, and the weights' own scales are float16. bfloat16 operands
+# swapped a near-tie of gemma3-270m's top-1 against decode (`--validate-prefill 256`, docs/BENCHMARKS.md).
+# Activations past float16's range become inf: non-finite logits, which every check reports.
+PREFILL_DTYPE = torch.float16
 # float weights multiply in their own precision at prefill, so the file's values reach the product as
 # they are (bf16 would round F16/F32 weights; found on an F32 qwen35 file: logits 1.2 off the CPU)
 FLOAT_PREFILL_DTYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
@@ -1032,10 +1036,18 @@ class TritonLinear:
     def apply(x: torch.Tensor | Int8Rows, weight: TritonWeight) -> torch.Tensor:
         if isinstance(x, Int8Rows) or x.numel() // weight.shape[1] <= MAX_BLOCK_M:
             return gemv(x, weight)
-        # Prefill: dequantize the matrix to bf16 on the device (one Triton pass, a few ms for an 8B
+        # Prefill: dequantize the matrix to float16 on the device (one Triton pass, a few ms for an 8B
         # model), then one cuBLAS product on the tensor cores with float32 accumulation: faster at
         # prefill sizes than the fused-dequant tile kernels (docs/BENCHMARKS.md, "prefill products").
+        # Where decode multiplies int8 activations, prefill's are rounded to the same values first, so
+        # both paths compute one function up to float16 weights and summation order.
         dtype = FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
+        if int8_activations(x, weight.qtype):
+            from gufo.kernels.triton import gemv_int8  # that module builds on this one's device helpers
+
+            rows = x.reshape(-1, weight.shape[1])
+            operand = gemv_int8.round_rows(rows if rows.stride(-1) == 1 else rows.contiguous(), dtype)
+            return _product(operand, dequantize_weight(weight, dtype)).reshape(*x.shape[:-1], -1)
         return _product(x.to(dtype), dequantize_weight(weight, dtype)).to(x.dtype)
 
 

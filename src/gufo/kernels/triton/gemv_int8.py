@@ -34,17 +34,25 @@ QUANT_BLOCKS = 32  # activation blocks per program of the quantizer
 
 
 @triton.jit
-def _store_int8_blocks(x, b, ok, xq_row, xd_row, xs_row, BLOCKS: tl.constexpr):
-    """Quantize x [BLOCKS, 32] (float32, the row's blocks b [BLOCKS], valid where ok) and store them as
-    `Int8Rows` (gufo.kernels.int8_rows): int8 values at xq_row, scales at xd_row, sums at xs_row. The
-    caller compiles without fused multiply-adds: x * (1 / d) must round before the rounding to an
-    integer, as in the oracle."""
-    i = tl.arange(0, 32)[None, :]
+def _int8_blocks(x):
+    """x [BLOCKS, 32] (float32) quantized per block as the oracle does: (q int32 [BLOCKS, 32] in
+    -127..127, d [BLOCKS]). The caller compiles without fused multiply-adds: x * (1 / d) must round
+    before the rounding to an integer, as in the oracle."""
     # correctly rounded divisions (Triton's `/` on float32 may be approximate), as the oracle divides
     d = tl.math.div_rn(tl.max(tl.abs(x), axis=1), 127.0)
     inverse = tl.where(d != 0.0, tl.math.div_rn(1.0, tl.where(d != 0.0, d, 1.0)), 0.0)
     # |x / d| <= 127: adding and subtracting 1.5 * 2^23 rounds to the nearest integer, ties to even
     q = ((x * inverse[:, None] + 12582912.0) - 12582912.0).to(tl.int32)
+    return q, d
+
+
+@triton.jit
+def _store_int8_blocks(x, b, ok, xq_row, xd_row, xs_row, BLOCKS: tl.constexpr):
+    """Quantize x [BLOCKS, 32] (float32, the row's blocks b [BLOCKS], valid where ok; `_int8_blocks`)
+    and store them as `Int8Rows` (gufo.kernels.int8_rows): int8 values at xq_row, scales at xd_row,
+    sums at xs_row."""
+    i = tl.arange(0, 32)[None, :]
+    q, d = _int8_blocks(x)
     tl.store(xq_row + b[:, None] * 32 + i, q.to(tl.int8), mask=ok[:, None])
     tl.store(xd_row + b, d, mask=ok)
     sums = tl.sum(tl.reshape(q, (BLOCKS, 2, 16)), axis=2).to(tl.float32)
@@ -73,6 +81,21 @@ def quantize_rows_q8(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, BLOCKS: tl.con
     i = tl.arange(0, 32)[None, :]
     x = tl.load(x_ptr + m * stride_xm + b[:, None] * 32 + i, mask=ok[:, None], other=0.0).to(tl.float32)
     _store_int8_blocks(x, b, ok, xq_ptr + m * K, xd_ptr + m * n_blocks, xs_ptr + m * (2 * n_blocks), BLOCKS)
+
+
+@triton.jit
+def round_rows_q8(x_ptr, out_ptr, K, stride_xm, BLOCKS: tl.constexpr):
+    """x [M, K] -> out [M, K] in out's dtype: every value as the int8 products multiply it, q * d of
+    its 32-column block (`_int8_blocks`), so that prefill's tensor-core products see the activations
+    that decode's int8 products see."""
+    m = tl.program_id(0)
+    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    ok = b < K // 32
+    i = tl.arange(0, 32)[None, :]
+    x = tl.load(x_ptr + m * stride_xm + b[:, None] * 32 + i, mask=ok[:, None], other=0.0).to(tl.float32)
+    q, d = _int8_blocks(x)
+    rounded = (q.to(tl.float32) * d[:, None]).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + m * K + b[:, None] * 32 + i, rounded, mask=ok[:, None])
 
 
 @triton.jit
@@ -269,6 +292,16 @@ def quantize_rows(x: torch.Tensor) -> Int8Rows:
         **dependent_launch.launch_options(x.device),
     )  # fmt: skip
     return rows
+
+
+def round_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`round_rows_q8` on x [M, K] (K a multiple of 32, unit column stride): [M, K] in dtype."""
+    m, k = x.shape
+    out = torch.empty(m, k, dtype=dtype, device=x.device)
+    grid = (m, triton.cdiv(k // ACT_BLOCK, QUANT_BLOCKS))
+    # no fused multiply-add: see _int8_blocks
+    round_rows_q8[grid](x, out, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False)
+    return out
 
 
 def launch(
