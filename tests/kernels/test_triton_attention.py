@@ -148,3 +148,8 @@ def test_prefill_causal_lower_right_equals_masked(device, tokens, entries):
     got = FusedAttentionPrefill.apply(q, keys, values, 0, 0.125, None)
     tol = {"rtol": 2e-3, "atol": 2e-3} if device == "cuda" else FLOAT32_TOL
     torch.testing.assert_close(got, want, **tol)
+    if device == "cuda":  # the flash kernel takes the KV heads as they are (no materialised mask)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            torch.testing.assert_close(FusedAttentionPrefill.apply(q, keys, values, 0, 0.125, None), got)
