@@ -139,6 +139,21 @@ def test_unknown_target_is_bad_input(capsys):
     assert code == 2 and "gfx9999" in err and len(err.strip().splitlines()) == 1
 
 
+def test_register_cap_only_on_the_one_row_8x2048_int8_tiles(compiled):
+    """ptxas (cuobjdump's count) keeps the capped int8 tiles within gemv_int8.MAX_REGISTERS, without
+    spilling (test_no_kernel_spills_or_uses_scratch), and only those tiles carry the cap."""
+    _, kernels = compiled
+    m, n, step = gemv_int8.CAPPED_TILE
+    tile = f"BLOCK_M={m},BLOCK_N={n},STEP={step},"
+    capped = [k for k in kernels if k["arch"] == "sm_90" and "maxnreg=" in k["name"]]
+    assert capped
+    for k in capped:
+        has_cap = f"maxnreg={gemv_int8.MAX_REGISTERS}" in k["name"]
+        assert has_cap == (tile in k["name"]), k["name"]
+        if has_cap:
+            assert k["registers"] <= gemv_int8.MAX_REGISTERS, k["name"]
+
+
 PREFILL_KERNELS = ("dequant_", "round_rows_")  # launched once per prefill product, not dependently
 
 

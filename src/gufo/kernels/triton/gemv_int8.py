@@ -31,6 +31,13 @@ from gufo.kernels.triton.gemv import _add_row, _store, _vector_program
 Q = GGMLQuantizationType
 
 QUANT_BLOCKS = 32  # activation blocks per program of the quantizer
+# Register cap of the one-row int8 products on 8-row x 2048-column tiles (Q4_K, Q6_K; NVIDIA only, like
+# them): they compiled to 77-80 registers, 6 blocks of 4 warps per multiprocessor; capped at 72 they still
+# keep every value in registers (`gufo kernels own --target sm_90`: no stack frame; at 64 they spilled)
+# and 7 blocks fit. 8B Q4_K_M tg128 on the H200: +3.7% at depth 0, +4.7% at depth 4096
+# (docs/BENCHMARKS.md). Several-row tiles spilled under the cap, and the other shapes need fewer.
+MAX_REGISTERS = 72
+CAPPED_TILE = (1, 8, 2048)  # (BLOCK_M, BLOCK_N, STEP) the cap applies to
 
 
 @triton.jit
@@ -327,6 +334,7 @@ def launch(
         xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, NATIVE=native(), num_warps=warps,
         enable_fp_fusion=False, PREFETCH=dependent_launch.prefetches(out.device, weight_bytes),
+        maxnreg=MAX_REGISTERS if (block_m, block_n, step) == CAPPED_TILE else None,
         **dependent_launch.launch_options(out.device),
     )  # fmt: skip
     # Without fused multiply-adds every row rounds the same way in any row tile: with them, some Q4_K
