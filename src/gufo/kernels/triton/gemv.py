@@ -1017,6 +1017,18 @@ def _product(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], -1)
 
 
+def _prefill_operand(x: torch.Tensor, qtype: GGMLQuantizationType, dtype: torch.dtype) -> torch.Tensor:
+    """x as the prefill product multiplies it, in dtype. Where decode multiplies int8 activations
+    (`int8_activations`), x is first rounded to those same values, so both paths compute one function up
+    to float16 weights and summation order."""
+    if not int8_activations(x, qtype):
+        return x.to(dtype)
+    from gufo.kernels.triton import gemv_int8  # that module builds on this one's device helpers
+
+    rows = x.reshape(-1, x.shape[-1])
+    return gemv_int8.round_rows(rows if rows.stride(-1) == 1 else rows.contiguous(), dtype).reshape(x.shape)
+
+
 class TritonLinear:
     """Registered on the "cuda" backend for every qtype in FORMATS."""
 
@@ -1039,16 +1051,9 @@ class TritonLinear:
         # Prefill: dequantize the matrix to float16 on the device (one Triton pass, a few ms for an 8B
         # model), then one cuBLAS product on the tensor cores with float32 accumulation: faster at
         # prefill sizes than the fused-dequant tile kernels (docs/BENCHMARKS.md, "prefill products").
-        # Where decode multiplies int8 activations, prefill's are rounded to the same values first, so
-        # both paths compute one function up to float16 weights and summation order.
         dtype = FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
-        if int8_activations(x, weight.qtype):
-            from gufo.kernels.triton import gemv_int8  # that module builds on this one's device helpers
-
-            rows = x.reshape(-1, weight.shape[1])
-            operand = gemv_int8.round_rows(rows if rows.stride(-1) == 1 else rows.contiguous(), dtype)
-            return _product(operand, dequantize_weight(weight, dtype)).reshape(*x.shape[:-1], -1)
-        return _product(x.to(dtype), dequantize_weight(weight, dtype)).to(x.dtype)
+        operand = _prefill_operand(x, weight.qtype, dtype)
+        return _product(operand, dequantize_weight(weight, dtype)).to(x.dtype)
 
 
 # Weight shapes [N, K] of a real model (Qwen3-0.6B: MLP down, gate/up, attention output, query). Every

@@ -78,15 +78,23 @@ def _store_int8_row(y, row, first, F, xq_ptr, xd_ptr, xs_ptr, BLOCK: tl.constexp
 
 
 @triton.jit
+def _row_blocks(x_ptr, stride_xm, K, BLOCKS: tl.constexpr):
+    """The BLOCKS 32-column blocks of row pid(0) that program pid(1) handles, as float32 [BLOCKS, 32]
+    (zero past K), with their block indices b and which of them exist (ok)."""
+    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    ok = b < K // 32
+    i = tl.arange(0, 32)[None, :]
+    x = tl.load(x_ptr + tl.program_id(0) * stride_xm + b[:, None] * 32 + i, mask=ok[:, None], other=0.0)
+    return x.to(tl.float32), b, ok
+
+
+@triton.jit
 def quantize_rows_q8(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, BLOCKS: tl.constexpr, PDL: tl.constexpr):
     """x [M, K] -> xq int8 [M, K], xd [M, K / 32] scales, xs [M, K / 16] = d * (sum of q) per 16."""
     wait_for_inputs(PDL)
     m = tl.program_id(0)
-    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     n_blocks = K // 32
-    ok = b < n_blocks
-    i = tl.arange(0, 32)[None, :]
-    x = tl.load(x_ptr + m * stride_xm + b[:, None] * 32 + i, mask=ok[:, None], other=0.0).to(tl.float32)
+    x, b, ok = _row_blocks(x_ptr, stride_xm, K, BLOCKS)
     _store_int8_blocks(x, b, ok, xq_ptr + m * K, xd_ptr + m * n_blocks, xs_ptr + m * (2 * n_blocks), BLOCKS)
 
 
@@ -95,14 +103,11 @@ def round_rows_q8(x_ptr, out_ptr, K, stride_xm, BLOCKS: tl.constexpr):
     """x [M, K] -> out [M, K] in out's dtype: every value as the int8 products multiply it, q * d of
     its 32-column block (`_int8_blocks`), so that prefill's tensor-core products see the activations
     that decode's int8 products see."""
-    m = tl.program_id(0)
-    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
-    ok = b < K // 32
-    i = tl.arange(0, 32)[None, :]
-    x = tl.load(x_ptr + m * stride_xm + b[:, None] * 32 + i, mask=ok[:, None], other=0.0).to(tl.float32)
+    x, b, ok = _row_blocks(x_ptr, stride_xm, K, BLOCKS)
     q, d = _int8_blocks(x)
     rounded = (q.to(tl.float32) * d[:, None]).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + m * K + b[:, None] * 32 + i, rounded, mask=ok[:, None])
+    i = tl.arange(0, 32)[None, :]
+    tl.store(out_ptr + tl.program_id(0) * K + b[:, None] * 32 + i, rounded, mask=ok[:, None])
 
 
 @triton.jit
@@ -288,13 +293,18 @@ def native() -> bool:
     return not triton.knobs.runtime.interpret
 
 
+def _row_blocks_grid(x: torch.Tensor) -> tuple[int, int]:
+    """Programs of the kernels built on `_row_blocks` for x [M, K]: one row x QUANT_BLOCKS blocks each."""
+    m, k = x.shape
+    return m, triton.cdiv(k // ACT_BLOCK, QUANT_BLOCKS)
+
+
 def quantize_rows(x: torch.Tensor) -> Int8Rows:
     """`quantize_rows_q8` on x [M, K] (K a multiple of 32, unit column stride)."""
     m, k = x.shape
     rows = empty_int8_rows(m, k, x.device)
-    grid = (m, triton.cdiv(k // ACT_BLOCK, QUANT_BLOCKS))
-    # no fused multiply-add: see _store_int8_blocks
-    quantize_rows_q8[grid](
+    # no fused multiply-add: see _int8_blocks
+    quantize_rows_q8[_row_blocks_grid(x)](
         x, *rows, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False,
         **dependent_launch.launch_options(x.device),
     )  # fmt: skip
@@ -305,9 +315,10 @@ def round_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`round_rows_q8` on x [M, K] (K a multiple of 32, unit column stride): [M, K] in dtype."""
     m, k = x.shape
     out = torch.empty(m, k, dtype=dtype, device=x.device)
-    grid = (m, triton.cdiv(k // ACT_BLOCK, QUANT_BLOCKS))
     # no fused multiply-add: see _int8_blocks
-    round_rows_q8[grid](x, out, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False)
+    round_rows_q8[_row_blocks_grid(x)](
+        x, out, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False
+    )
     return out
 
 
