@@ -7,6 +7,7 @@ the rows. Needs a GPU:
 
     python benchmarks/gemv_bandwidth.py --formats Q4_K Q6_K Q8_0 --m 1 16
     python benchmarks/gemv_bandwidth.py --module old_gemv.py  # another version of gemv.py, same API
+    python benchmarks/gemv_bandwidth.py --formats Q4_K Q6_K Q8_0 --int8-vs-float 640x1024 1024x2048
 """
 
 from __future__ import annotations
@@ -86,8 +87,23 @@ def per_call_ms(calls: list[Callable[[], Any]]) -> float:
     return triton.testing.do_bench_cudagraph(run_all, rep=30, return_mode="median") / len(calls)
 
 
-def copies_for(nbytes: int) -> int:
-    return max(1, min(16, math.ceil(3 * L2_BYTES / nbytes)))
+def copies_for(nbytes: int, most: int = 16) -> int:
+    return max(1, min(most, math.ceil(3 * L2_BYTES / nbytes)))
+
+
+def weight_copies(
+    mod: ModuleType, qtype: GGMLQuantizationType, n: int, k: int, gen: torch.Generator, most: int = 16
+) -> tuple[list[Any], int]:
+    """Copies of one random [n, k] weight, enough (up to `most`) that the L2 holds none of them when
+    they are read in turn, and the bytes of one."""
+    raw = random_rows(qtype, n, k, gen)
+    weights = [mod.TritonWeight(qtype, (n, k), mod.split_fields(qtype, raw))]
+    nbytes = sum(p.numel() * p.element_size() for p in weights[0].planes)
+    weights += [
+        dataclasses.replace(weights[0], planes=tuple(p.clone() for p in weights[0].planes))
+        for _ in range(copies_for(nbytes, most) - 1)
+    ]
+    return weights, nbytes
 
 
 def bench_format(
@@ -95,13 +111,7 @@ def bench_format(
 ) -> list[dict[str, Any]]:
     n, k = SHAPES[shape]
     gen = torch.Generator("cuda").manual_seed(0)
-    raw = random_rows(qtype, n, k, gen)
-    weights = [mod.TritonWeight(qtype, (n, k), mod.split_fields(qtype, raw))]
-    nbytes = sum(p.numel() * p.element_size() for p in weights[0].planes)
-    weights += [
-        dataclasses.replace(weights[0], planes=tuple(p.clone() for p in weights[0].planes))
-        for _ in range(copies_for(nbytes) - 1)
-    ]
+    weights, nbytes = weight_copies(mod, qtype, n, k, gen)
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
@@ -118,6 +128,37 @@ def bench_format(
             }
         )
     return rows
+
+
+def int8_vs_float(mod: ModuleType, qtype: GGMLQuantizationType, n: int, k: int) -> list[dict[str, Any]]:
+    """One-row products of an [n, k] weight on int8 rows quantized beforehand (as the fused norms hand
+    them to decode) and on float32 activations (the vector kernels), whatever gemv.INT8_MIN_WEIGHTS
+    would choose for the shape; small weights get enough copies to stay out of the L2 too."""
+    from gufo.kernels.triton import gemv_int8
+
+    gen = torch.Generator("cuda").manual_seed(0)
+    weights, nbytes = weight_copies(mod, qtype, n, k, gen, most=1024)
+    x = torch.randn(1, k, device="cuda", generator=gen)
+    quantized = gemv_int8.quantize_rows(x)
+    limit = mod.INT8_MIN_WEIGHTS
+    times = {}
+    try:
+        mod.INT8_MIN_WEIGHTS = math.inf
+        times["float32"] = per_call_ms([lambda w=w: mod.TritonLinear.apply(x, w) for w in weights])
+        times["int8"] = per_call_ms([lambda w=w: mod.TritonLinear.apply(quantized, w) for w in weights])
+    finally:
+        mod.INT8_MIN_WEIGHTS = limit
+    return [
+        {
+            "format": qtype.name,
+            "shape": f"{n}x{k}",
+            "M": 1,
+            "path": path,
+            "us": t * 1e3,
+            "GB/s": nbytes / t / 1e6,
+        }
+        for path, t in times.items()
+    ]
 
 
 def bench_torch(shape: str, ms: list[int]) -> list[dict[str, Any]]:
@@ -180,13 +221,24 @@ def main() -> None:
         choices=["float32", "bfloat16", "float16"],
         help="activation dtype (default float32, what decode multiplies)",
     )
+    parser.add_argument(
+        "--int8-vs-float",
+        nargs="+",
+        metavar="NxK",
+        help="instead: one-row products of these weight shapes on int8 rows and on float32 activations",
+    )
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     mod = load_module(args.module)
     dtype = getattr(torch, args.dtype)
     qtypes = [Q[name] for name in args.formats]
     rows: list[dict[str, Any]] = []
-    if args.sweep:
+    if args.int8_vs_float:
+        for qtype in qtypes:
+            for size in args.int8_vs_float:
+                n, k = (int(v) for v in size.split("x"))
+                rows += int8_vs_float(mod, qtype, n, k)
+    elif args.sweep:
         configs = [tuple(int(v) for v in c.split("x")) for c in args.sweep]
         rows += sweep(mod, qtypes, args.shapes, configs, dtype)  # type: ignore[arg-type]
     else:

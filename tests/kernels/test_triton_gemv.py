@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import gguf
 import numpy as np
@@ -65,20 +66,34 @@ def activations(m: int, k: int, dtype: torch.dtype = torch.float32) -> torch.Ten
     return torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
 
 
-def operands(x: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> torch.Tensor:
+def operands(x: torch.Tensor, info: TensorInfo) -> torch.Tensor:
     """The activations a product of x multiplies: x itself, or x quantized per 32 columns to int8 and
     dequantized where the vector kernels take int8 activations (gemv_int8.py; its torch quantizer) and
     where prefill rounds them the same way."""
-    if not gemv.int8_activations(x, qtype):
+    if not gemv.int8_activations(x, gemv.TritonWeight(info.qtype, info.shape, ())):
         return x
     return rounded_rows_reference(x.reshape(-1, x.shape[-1])).reshape(x.shape)
 
 
-def check(y: torch.Tensor, x: torch.Tensor, info: TensorInfo, rel: float) -> None:
+@contextlib.contextmanager
+def int8_for_small_weights() -> Iterator[None]:
+    """The int8 kernels also for the tests' small weights, which the engine multiplies on float32
+    activations (gemv.INT8_MIN_WEIGHTS)."""
+    limit = gemv.INT8_MIN_WEIGHTS
+    gemv.INT8_MIN_WEIGHTS = 0
+    try:
+        yield
+    finally:
+        gemv.INT8_MIN_WEIGHTS = limit
+
+
+def check(
+    y: torch.Tensor, x: torch.Tensor, info: TensorInfo, rel: float, multiplied: torch.Tensor | None = None
+) -> None:
     """|y - x @ W^T| <= rel * (|x| @ |W|^T) elementwise: a relative bound that holds under cancellation;
-    x as the kernel multiplies it (`operands`)."""
+    x as the kernel multiplies it (`operands`, unless given as `multiplied`)."""
     w = ReferenceLinear.prepare(info).double()
-    xd = operands(x, info.qtype).reshape(-1, x.shape[-1]).double()
+    xd = (operands(x, info) if multiplied is None else multiplied).reshape(-1, x.shape[-1]).double()
     want = (xd @ w.T).reshape(*x.shape[:-1], -1)
     bound = rel * (xd.abs() @ w.abs().T).reshape(want.shape) + 1e-30
     assert y.shape == want.shape and y.dtype == x.dtype, (y.shape, y.dtype)
@@ -99,7 +114,24 @@ def check_against_reference(
     rel = FLOAT32_REL if dtype == torch.float32 else HALF_REL[dtype]
     if m > gemv.MAX_BLOCK_M:  # the prefill path's operands: float16 for block formats, float weights' own
         rel = FLOAT_PREFILL_REL.get(qtype, HALF_REL[torch.float16])
-    check(gemv.TritonLinear.apply(x, gemv.TritonLinear.prepare(info)), x, info, rel)
+    with int8_for_small_weights():
+        check(gemv.TritonLinear.apply(x, gemv.TritonLinear.prepare(info)), x, info, rel)
+
+
+def check_float_activations_below_int8_limit(qtype: gguf.GGMLQuantizationType, m: int) -> None:
+    """A weight under gemv.INT8_MIN_WEIGHTS of a format with int8 kernels multiplies float32
+    activations as they are, at decode (float32 bound, which the int8 rounding of x, up to 1/254 of a
+    block's largest value per element, breaks) and at prefill (float16 operands)."""
+    info = random_tensor(qtype)
+    weight = gemv.TritonLinear.prepare(info)
+    x = activations(m, info.shape[1])
+    assert not gemv.TritonLinear.takes_int8(weight, m)
+    rel = FLOAT32_REL if m <= gemv.MAX_BLOCK_M else HALF_REL[torch.float16]
+    y = gemv.TritonLinear.apply(x, weight)
+    check(y, x, info, rel, multiplied=x)
+    if m <= gemv.MAX_BLOCK_M:  # the float32 bound tells int8 rounding apart
+        with pytest.raises(AssertionError, match="x the bound"):
+            check(y, x, info, rel, multiplied=rounded_rows_reference(x))
 
 
 def check_split_k(qtype: gguf.GGMLQuantizationType) -> None:
@@ -172,10 +204,11 @@ def check_int8_rows_input(qtype: gguf.GGMLQuantizationType) -> None:
     info = random_tensor(qtype)
     weight = gemv.TritonLinear.prepare(info)
     x = activations(3, info.shape[1])
-    assert gemv.TritonLinear.takes_int8(weight, 3) and not gemv.TritonLinear.takes_int8(weight, 17)
-    assert torch.equal(
-        gemv.TritonLinear.apply(gemv_int8.quantize_rows(x), weight), gemv.TritonLinear.apply(x, weight)
-    )
+    with int8_for_small_weights():
+        assert gemv.TritonLinear.takes_int8(weight, 3) and not gemv.TritonLinear.takes_int8(weight, 17)
+        assert torch.equal(
+            gemv.TritonLinear.apply(gemv_int8.quantize_rows(x), weight), gemv.TritonLinear.apply(x, weight)
+        )
     other = gemv.TritonLinear.prepare(random_tensor(Q.Q4_0))
     assert not gemv.TritonLinear.takes_int8(other, 1)
     with pytest.raises(ValueError, match="no int8 kernel"):
@@ -196,6 +229,11 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
                 cases[name] = lambda q=qtype, m=m, d=dtype: check_against_reference(q, m, d)
     for qtype in (Q.Q4_0, Q.Q8_0, Q.Q5_K, Q.F16):
         cases[f"split_k-{qtype.name}"] = lambda q=qtype: check_split_k(q)
+    for qtype in gemv.INT8_FORMATS:
+        for m in (1, 5, 17):
+            cases[f"float32-below-int8-limit-{qtype.name}-m{m}"] = lambda q=qtype, m=m: (
+                check_float_activations_below_int8_limit(q, m)
+            )
     for qtype in QTYPES:
         cases[f"dequant-{qtype.name}"] = lambda q=qtype: check_dequantize(q)
     cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
@@ -226,6 +264,19 @@ def test_field_planes_round_trip(qtype):
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_registered_on_cuda_backend(qtype):
     assert registry.lookup("cuda", "linear", qtype) == ("cuda", gemv.TritonLinear)
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_int8_activations_only_for_large_weights(qtype):
+    """Int8 activations for the formats with int8 kernels on matrices of 2^21 weights and more (the
+    smallest of Qwen3-1.7B's, its key and value projections: 1024 x 2048), float32 below (all of
+    gemma3-270m's layer matrices: 640 x 2048 at most); float16 activations never."""
+    x = torch.empty(1, 2048)
+    for shape, large in (((1024, 2048), True), ((1023, 2048), False), ((640, 2048), False)):
+        weight = gemv.TritonWeight(qtype, shape, ())
+        assert gemv.int8_activations(x, weight) == (large and qtype in gemv.INT8_FORMATS)
+        assert gemv.TritonLinear.takes_int8(weight, 1) == (large and qtype in gemv.INT8_FORMATS)
+        assert not gemv.int8_activations(x.half(), weight)
 
 
 def test_package_imports_without_triton():

@@ -925,17 +925,35 @@ def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     return VectorConfig(rows, max(FORMATS[qtype].block, min(step, triton.next_power_of_2(k))), warps)
 
 
-def int8_activations(x: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
-    """Whether the vector product quantizes x to int8 first: float32 activations (what the engine
-    decodes with) of the formats gemv_int8.py has kernels for, where its dot4 is native (NVIDIA) or
-    emulated by the Triton interpreter (CPU tensors)."""
-    return x.dtype == torch.float32 and qtype in INT8_FORMATS and torch.version.hip is None
+# Smallest matrix (N * K weights) whose float32 activations are quantized to int8 for its products. The
+# int8 path saves instructions per weight, which pays on big matrices (decode of 1.7B-8B models was
+# issue-bound, docs/BENCHMARKS.md); the smaller ones multiply float32 activations as they are. Rounding
+# to int8 makes the forward pass discontinuous: float32 summation-order differences (decode vs prefill,
+# a CUDA graph vs eager launches) flip some roundings, and on gemma3-270m, whose every int8-format layer
+# matrix is under 2^21 weights, that moved the logits after 256 tokens by up to 0.9 where the same runs
+# in float32 moved them by 0.005, at no measured cost in decode speed (docs/BENCHMARKS.md, "int8
+# activations only for large products"). Every product of Qwen3-1.7B and larger holds at least 2^21.
+INT8_MIN_WEIGHTS = 2**21
 
 
-def takes_int8_rows(qtype: GGMLQuantizationType, rows: int) -> bool:
+def runs_on_int8(weight: TritonWeight) -> bool:
+    """Whether the products of this weight on float32 activations quantize them to int8 first
+    (gemv_int8.py): a format with int8 kernels, whose dot4 is native (NVIDIA) or emulated by the Triton
+    interpreter (CPU tensors), and a matrix of at least INT8_MIN_WEIGHTS weights."""
+    n, k = weight.shape
+    return weight.qtype in INT8_FORMATS and torch.version.hip is None and n * k >= INT8_MIN_WEIGHTS
+
+
+def int8_activations(x: torch.Tensor, weight: TritonWeight) -> bool:
+    """Whether the vector product of x and weight runs on int8 activations: float32 x (what the engine
+    decodes with) and a weight that `runs_on_int8`."""
+    return x.dtype == torch.float32 and runs_on_int8(weight)
+
+
+def takes_int8_rows(weight: TritonWeight, rows: int) -> bool:
     """Whether a product of `rows` float32 rows runs on int8 activations, so the kernel that makes its
     input may hand it `Int8Rows` (the fused norms and activation) instead of float32 rows."""
-    return qtype in INT8_FORMATS and torch.version.hip is None and 0 < rows <= MAX_BLOCK_M
+    return runs_on_int8(weight) and 0 < rows <= MAX_BLOCK_M
 
 
 def gemv(x: torch.Tensor | Int8Rows, weight: TritonWeight, splits: int | None = None) -> torch.Tensor:
@@ -960,7 +978,7 @@ def gemv(x: torch.Tensor | Int8Rows, weight: TritonWeight, splits: int | None = 
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
         int8 = False
     else:
-        int8 = quantized or int8_activations(x, weight.qtype)
+        int8 = quantized or int8_activations(x, weight)
         config = (int8_config if int8 else vector_config)(weight.qtype, n, k)
         kernel, block_n, step, warps = fmt.kernel, config.block_n, config.step, config.num_warps
         block_m = min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
@@ -1017,11 +1035,11 @@ def _product(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], -1)
 
 
-def _prefill_operand(x: torch.Tensor, qtype: GGMLQuantizationType, dtype: torch.dtype) -> torch.Tensor:
+def _prefill_operand(x: torch.Tensor, weight: TritonWeight, dtype: torch.dtype) -> torch.Tensor:
     """x as the prefill product multiplies it, in dtype. Where decode multiplies int8 activations
     (`int8_activations`), x is first rounded to those same values, so both paths compute one function up
     to float16 weights and summation order."""
-    if not int8_activations(x, qtype):
+    if not int8_activations(x, weight):
         return x.to(dtype)
     from gufo.kernels.triton import gemv_int8  # that module builds on this one's device helpers
 
@@ -1042,7 +1060,7 @@ class TritonLinear:
 
     @staticmethod
     def takes_int8(weight: TritonWeight, rows: int) -> bool:
-        return takes_int8_rows(weight.qtype, rows)
+        return takes_int8_rows(weight, rows)
 
     @staticmethod
     def apply(x: torch.Tensor | Int8Rows, weight: TritonWeight) -> torch.Tensor:
@@ -1052,7 +1070,7 @@ class TritonLinear:
         # model), then one cuBLAS product on the tensor cores with float32 accumulation: faster at
         # prefill sizes than the fused-dequant tile kernels (docs/BENCHMARKS.md, "prefill products").
         dtype = FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
-        operand = _prefill_operand(x, weight.qtype, dtype)
+        operand = _prefill_operand(x, weight, dtype)
         return _product(operand, dequantize_weight(weight, dtype)).to(x.dtype)
 
 
@@ -1061,6 +1079,9 @@ class TritonLinear:
 REFERENCE_SHAPES = ((1024, 3072), (3072, 1024), (1024, 2048), (2048, 1024))
 # and a weight past dependent_launch.PREFETCH_MAX_BYTES in every format (its products do not prefetch)
 LARGE_SHAPE = (8192, 4096)
+# and weights under INT8_MIN_WEIGHTS (gemma3-270m's attention output and FFN down), whose products
+# multiply float32 activations in the formats with int8 kernels too
+SMALL_SHAPES = ((640, 1024), (640, 2048))
 
 
 def _meta_weight(qtype: GGMLQuantizationType, n: int, k: int) -> TritonWeight:
@@ -1071,13 +1092,13 @@ def _meta_weight(qtype: GGMLQuantizationType, n: int, k: int) -> TritonWeight:
 
 def launch_examples():
     """For `gufo kernels own` (gufo.kernels.triton.offline, which intercepts the launches): the
-    engine's products on the reference shapes, as meta tensors: float32 activations of 1..MAX_BLOCK_M
-    rows (decode, speculative, batched) and one more (prefill), plus the tensor-core kernels at the
-    half precision they exist for (NVIDIA); one row on the large shape. Yields each format's label
-    before its launches."""
+    engine's products on the reference and small shapes, as meta tensors: float32 activations of
+    1..MAX_BLOCK_M rows (decode, speculative, batched) and one more (prefill), plus the tensor-core
+    kernels at the half precision they exist for (NVIDIA); one row on the large shape. Yields each
+    format's label before its launches."""
     for qtype in FORMATS:
         yield qtype.name.lower()
-        for n, k in REFERENCE_SHAPES:
+        for n, k in REFERENCE_SHAPES + SMALL_SHAPES:
             weight = _meta_weight(qtype, n, k)
             for m in range(1, MAX_BLOCK_M + 2):
                 TritonLinear.apply(torch.empty(m, k, device="meta"), weight)
