@@ -207,6 +207,12 @@ def sweep(
     return rows
 
 
+def _cell(key: str, value: Any) -> str:
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.2f}" if key == "us" else f"{value:.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", help="path of another gemv.py to time instead of gufo's")
@@ -254,11 +260,7 @@ def main() -> None:
     keys = [key for key in rows[0] if key not in ("N", "K")]
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for row in rows:
-        print(
-            "| "
-            + " | ".join(f"{row[key]:.0f}" if isinstance(row[key], float) else str(row[key]) for key in keys)
-            + " |"
-        )
+        print("| " + " | ".join(_cell(key, row[key]) for key in keys) + " |")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -277,6 +278,23 @@ def test_int8_activations_only_for_large_weights(qtype):
         assert gemv.int8_activations(x, weight) == (large and qtype in gemv.INT8_FORMATS)
         assert gemv.TritonLinear.takes_int8(weight, 1) == (large and qtype in gemv.INT8_FORMATS)
         assert not gemv.int8_activations(x.half(), weight)
+
+
+def test_int8_limit_from_the_environment():
+    """GUFO_INT8_MIN_WEIGHTS sets the limit; a value that is not a whole number is one error line, exit 2."""
+    code = "from gufo.kernels.triton import gemv; print(gemv.INT8_MIN_WEIGHTS)"
+    for value in ("0", "4096"):
+        env = {**os.environ, "GUFO_INT8_MIN_WEIGHTS": value}
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0 and run.stdout.strip() == value, run.stderr
+    env = {**os.environ, "GUFO_INT8_MIN_WEIGHTS": "-5"}
+    command = [sys.executable, "-m", "gufo.cli.main", "kernels", "own", "--target", "sm_90"]
+    bad = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("gufo: error: GUFO_INT8_MIN_WEIGHTS='-5': expected a whole number")
+    assert bad.stderr.count("\n") == 1
 
 
 def test_package_imports_without_triton():

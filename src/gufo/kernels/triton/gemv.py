@@ -38,6 +38,7 @@ No CUDA-only intrinsics or inline asm: the same source compiles for NVIDIA and A
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
+from gufo.errors import BadInputError
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.linear_reference import raw_rows
@@ -925,15 +927,33 @@ def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     return VectorConfig(rows, max(FORMATS[qtype].block, min(step, triton.next_power_of_2(k))), warps)
 
 
-# Smallest matrix (N * K weights) whose float32 activations are quantized to int8 for its products. The
-# int8 path saves instructions per weight, which pays on big matrices (decode of 1.7B-8B models was
-# issue-bound, docs/BENCHMARKS.md); the smaller ones multiply float32 activations as they are. Rounding
-# to int8 makes the forward pass discontinuous: float32 summation-order differences (decode vs prefill,
-# a CUDA graph vs eager launches) flip some roundings, and on gemma3-270m, whose every int8-format layer
-# matrix is under 2^21 weights, that moved the logits after 256 tokens by up to 0.9 where the same runs
-# in float32 moved them by 0.005, at no measured cost in decode speed (docs/BENCHMARKS.md, "int8
-# activations only for large products"). Every product of Qwen3-1.7B and larger holds at least 2^21.
-INT8_MIN_WEIGHTS = 2**21
+# Smallest matrix (N * K weights) whose float32 activations are quantized to int8 for its products; the
+# smaller ones multiply float32 activations as they are. Rounding to int8 makes the forward pass
+# discontinuous: float32 summation-order differences (decode vs prefill, a CUDA graph vs eager launches)
+# flip some roundings. On gemma3-270m, all of whose int8-format layer matrices are under 2^21 weights, that
+# moved the logits after 256 tokens by up to 0.9 (0.12 below the limit) and swapped a near-tied top-1
+# between decode and prefill. The int8 path still wins per product on small matrices, but a small
+# model's decode is bound by its chain of short kernels: gemma3-270m decodes about 4% slower below the
+# limit, where Qwen3-1.7B and 8B (every product at least 2^21) gained 30% and more from int8
+# (docs/BENCHMARKS.md, "int8 activations only for large matrices"). GUFO_INT8_MIN_WEIGHTS overrides it
+# (0: int8 for every matrix of those formats).
+INT8_LIMIT_ENV = "GUFO_INT8_MIN_WEIGHTS"
+DEFAULT_INT8_MIN_WEIGHTS = 2**21
+
+
+def _int8_min_weights() -> int:
+    text = os.environ.get(INT8_LIMIT_ENV)
+    if text is None:
+        return DEFAULT_INT8_MIN_WEIGHTS
+    if not text.strip().isdigit():
+        raise BadInputError(
+            f"{INT8_LIMIT_ENV}={text!r}: expected a whole number of weights (0: int8 activations for every "
+            "matrix of the formats that have int8 kernels)"
+        )
+    return int(text)
+
+
+INT8_MIN_WEIGHTS = _int8_min_weights()
 
 
 def runs_on_int8(weight: TritonWeight) -> bool:
