@@ -21,6 +21,7 @@ from gufo.kernels import registry
 from gufo.kernels.int8_rows import quantize_rows_reference, rounded_rows_reference
 from gufo.kernels.linear_reference import ReferenceLinear
 from gufo.quant import block_shape
+from gufo.synth.presets import QWEN3_PRESETS
 
 pytest.importorskip("triton")
 
@@ -278,6 +279,18 @@ def test_int8_activations_only_for_large_weights(qtype):
         assert gemv.int8_activations(x, weight) == (large and qtype in gemv.INT8_FORMATS)
         assert gemv.TritonLinear.takes_int8(weight, 1) == (large and qtype in gemv.INT8_FORMATS)
         assert not gemv.int8_activations(x.half(), weight)
+
+
+@pytest.mark.parametrize("preset", ["1.7b", "4b", "8b", "14b", "32b"])
+def test_every_qwen3_matrix_from_1_7b_up_runs_on_int8(preset):
+    """The models whose decode int8 activations were tuned for keep them: the smallest matrix of a Qwen3
+    layer (the key or value projection, KV heads x head_dim by hidden, from the HF configs in
+    gufo.synth.presets) is at the limit or over it; Qwen3-0.6B's is under."""
+    for name, large in ((preset, True), ("0.6b", False)):
+        shape = QWEN3_PRESETS[name]
+        n, k = shape.num_key_value_heads * shape.head_dim, shape.hidden_size
+        assert min(n * k, shape.intermediate_size * k) == n * k
+        assert gemv.runs_on_int8(gemv.TritonWeight(Q.Q4_K, (n, k), ())) == large
 
 
 def test_int8_limit_from_the_environment():
