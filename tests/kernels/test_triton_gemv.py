@@ -293,15 +293,13 @@ def test_every_qwen3_matrix_from_1_7b_up_runs_on_int8(preset):
         assert gemv.runs_on_int8(gemv.TritonWeight(Q.Q4_K, (n, k), ())) == large
 
 
-def test_int8_limit_from_the_environment():
+def test_int8_limit_from_the_environment(monkeypatch):
     """GUFO_INT8_MIN_WEIGHTS sets the limit; a value that is not a whole number is one error line, exit 2."""
-    code = "from gufo.kernels.triton import gemv; print(gemv.INT8_MIN_WEIGHTS)"
     for value in ("0", "4096"):
-        env = {**os.environ, "GUFO_INT8_MIN_WEIGHTS": value}
-        run = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-        )
-        assert run.returncode == 0 and run.stdout.strip() == value, run.stderr
+        monkeypatch.setenv("GUFO_INT8_MIN_WEIGHTS", value)
+        assert gemv._int8_min_weights() == int(value)
+    monkeypatch.delenv("GUFO_INT8_MIN_WEIGHTS")
+    assert gemv._int8_min_weights() == 2**21
     env = {**os.environ, "GUFO_INT8_MIN_WEIGHTS": "-5"}
     command = [sys.executable, "-m", "gufo.cli.main", "kernels", "own", "--target", "sm_90"]
     bad = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
