@@ -934,9 +934,9 @@ def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
 # moved the logits after 256 tokens by up to 0.9 (0.12 below the limit) and swapped a near-tied top-1
 # between decode and prefill. The int8 path still wins per product on small matrices, but a small
 # model's decode is bound by its chain of short kernels: gemma3-270m decodes about 4% slower below the
-# limit, where Qwen3-1.7B and 8B (every product at least 2^21) gained 30% and more from int8
-# (docs/BENCHMARKS.md, "int8 activations only for large matrices"). GUFO_INT8_MIN_WEIGHTS overrides it
-# (0: int8 for every matrix of those formats).
+# limit, where int8 made Qwen3-8B decode 1.3-1.47x and Qwen3-1.7B 1.15x faster (every product of those
+# at least 2^21; docs/BENCHMARKS.md, "int8 activations only for large matrices").
+# GUFO_INT8_MIN_WEIGHTS overrides it (0: int8 for every matrix of those formats).
 INT8_LIMIT_ENV = "GUFO_INT8_MIN_WEIGHTS"
 DEFAULT_INT8_MIN_WEIGHTS = 2**21
 
