@@ -14,23 +14,16 @@ kept. On a GPU (or `--device cpu`):
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
-from gufo.quality.validate_prefill import validation_tokens
+from gufo.quality.validate_prefill import decode_sequentially, validation_tokens
 from gufo.runtime.engine import Engine
 
 
-def decode_all(engine: Engine, tokens: Sequence[int]) -> torch.Tensor:
-    logits = torch.empty(0)
-    for position, token in enumerate(tokens):
-        logits = engine.decode(token, position)
-    return logits
-
-
 def final_logits(
-    model: str, n_tokens: int, device: str, use: Callable[[Engine, Sequence[int]], torch.Tensor], **options
+    model: str, n_tokens: int, device: str, use: Callable[[Engine, list[int]], torch.Tensor], **options
 ) -> torch.Tensor:
     engine = Engine(model, device=device, **options)
     with torch.inference_mode():
@@ -47,7 +40,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="GPU to run on (default cuda)")
     args = parser.parse_args()
     prefill = lambda engine, tokens: engine.prefill(tokens)  # noqa: E731
-    runs = {"decode": (decode_all, {}), "decode, no CUDA graphs": (decode_all, {"graphs": False})}
+    runs = {
+        "decode": (decode_sequentially, {}),
+        "decode, no CUDA graphs": (decode_sequentially, {"graphs": False}),
+    }
     runs |= {f"prefill, chunks of {b}": (prefill, {"batch_size": b}) for b in (512, 128, 64)}
     results = {
         label: final_logits(args.model, args.tokens, args.device, use, **options)

@@ -54,6 +54,14 @@ def validation_tokens(engine: Engine, count: int) -> list[int]:
     return tokens
 
 
+def decode_sequentially(engine: Engine, tokens: list[int]) -> torch.Tensor:
+    """The decode path's logits after the last of `tokens`, fed one at a time from position 0."""
+    logits = torch.empty(0)
+    for position, token in enumerate(tokens):
+        logits = engine.decode(token, position)
+    return logits
+
+
 def validate_prefill(
     engine: Engine, n_tokens: int, progress: Callable[[str], None] | None = None
 ) -> PrefillValidation:
@@ -63,9 +71,7 @@ def validate_prefill(
     tokens = validation_tokens(engine, n_tokens)
     report = progress or (lambda _message: None)
     report(f"prefill validation: {n_tokens} tokens one at a time")
-    sequential = torch.empty(0)
-    for position, token in enumerate(tokens):
-        sequential = engine.decode(token, position)
+    sequential = decode_sequentially(engine, tokens)
     report(f"prefill validation: {n_tokens} tokens batched")
     batched = engine.prefill(tokens)
     return PrefillValidation(n_tokens, compare_logits(sequential, batched))
