@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import openai
 import pytest
-import uvicorn
 
 from gufo.runtime.engine import Engine
-from gufo.server.app import create_app, listen
+from gufo.server.app import listen, make_server
 from gufo.server.settings import ServerSettings
 
 MODEL = "smollm2-135m"
@@ -70,7 +69,7 @@ def live_server(
 ) -> Iterator[LiveServer]:
     sock = listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, load), log_level="warning"))
+    server = make_server(settings, load, log_level="warning")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     live = LiveServer(f"http://127.0.0.1:{port}", settings.api_key)

@@ -1,10 +1,19 @@
 """Token sampling: greedy (ties -> lowest id) or the llama.cpp chain
-repeat penalty -> top-k -> top-p -> min-p -> temperature -> draw."""
+penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+
+Penalties: llama.cpp's repeat penalty over the last `repeat_last_n` tokens of the history, then
+OpenAI's presence/frequency penalties over the generated tokens (the history after `prompt_length`)
+and its logit bias. Finite-probability rule: the draw works in float64 on logits shifted by their
+maximum, so any temperature > 0 gives finite probabilities; a row whose penalized logits are not all
+finite (NaN or +-inf, from an extreme penalty or a broken forward pass) is decoded greedily with NaN as
+-inf. One bad row therefore never raises, and never touches another request's row.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,6 +26,9 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)  # token id -> added to its logit
     seed: int | None = None
 
     @property
@@ -25,8 +37,11 @@ class SamplingParams:
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, prompt_length: int = 0):
+        """`prompt_length`: how many leading history tokens are the prompt, which the presence and
+        frequency penalties leave out (OpenAI counts only generated tokens)."""
         self.params = params
+        self.prompt_length = prompt_length
         self.generator = torch.Generator()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
@@ -35,10 +50,10 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
         """Pick the next token from a 1-D float logit vector (on any device: greedy picks where the logits
-        are, so only the id crosses to the host); `history` feeds the repeat penalty."""
+        are, so only the id crosses to the host); `history` feeds the penalties."""
         logits = self.penalized(logits, history)
-        if self.params.greedy:
-            return int(torch.argmax(logits))  # first maximum: ties go to the lowest id
+        if self._picks_greedily(logits):
+            return _argmax(logits)
         ids, final = self._candidates(logits.cpu())
         choice = torch.multinomial(final, 1, generator=self.generator)
         return int(ids[choice])
@@ -48,11 +63,11 @@ class Sampler:
         mass on the argmax). Speculative sampling compares target and draft through it."""
         logits = self.penalized(logits, history).cpu()
         dense = torch.zeros(logits.numel(), dtype=torch.float64)
-        if self.params.greedy:
-            dense[int(torch.argmax(logits))] = 1.0
+        if self._picks_greedily(logits):
+            dense[_argmax(logits)] = 1.0
             return dense
         ids, final = self._candidates(logits)
-        dense[ids] = final.double()
+        dense[ids] = final
         return dense / dense.sum()
 
     def penalized(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
@@ -64,21 +79,43 @@ class Sampler:
             picked = logits[ids]
             logits = logits.clone()
             logits[ids] = torch.where(picked > 0, picked / p.repeat_penalty, picked * p.repeat_penalty)
+        generated = history[self.prompt_length :]
+        if (p.presence_penalty or p.frequency_penalty) and generated:
+            counts = Counter(generated)
+            ids = torch.tensor(list(counts), dtype=torch.long, device=logits.device)
+            times = torch.tensor(list(counts.values()), dtype=logits.dtype, device=logits.device)
+            logits = logits.clone()
+            logits[ids] -= times * p.frequency_penalty + p.presence_penalty
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=logits.device)
+            bias = torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+            logits = logits.clone()
+            logits[ids] += bias
         return logits
 
+    def _picks_greedily(self, logits: torch.Tensor) -> bool:
+        return self.params.greedy or not bool(torch.isfinite(logits).all())
+
     def _candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The surviving token ids and their final (tempered) probabilities."""
+        """The surviving token ids and their final (tempered) float64 probabilities; `logits` are finite."""
         p = self.params
+        logits = logits.double()
         if 0 < p.top_k < logits.numel():
             candidates, ids = torch.topk(logits, p.top_k)  # sorted descending
         else:
             candidates, ids = torch.sort(logits, descending=True, stable=True)
+        candidates = candidates - candidates[0]  # <= 0, the best is 0: no temperature can overflow it
         probs = torch.softmax(candidates, -1)
         if p.top_p < 1.0:
             cumulative = torch.cumsum(probs, -1)
-            keep = int(torch.searchsorted(cumulative, torch.tensor([p.top_p])).item()) + 1
+            keep = int(torch.searchsorted(cumulative, torch.tensor([p.top_p], dtype=cumulative.dtype))) + 1
             candidates, ids, probs = candidates[:keep], ids[:keep], probs[:keep]
         if p.min_p > 0.0:
             keep_mask = probs >= p.min_p * probs[0]
             candidates, ids = candidates[keep_mask], ids[keep_mask]
         return ids, torch.softmax(candidates / p.temperature, -1)
+
+
+def _argmax(logits: torch.Tensor) -> int:
+    """The first maximum (ties go to the lowest id), NaN counting as -inf."""
+    return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"), posinf=float("inf"))))

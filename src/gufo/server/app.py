@@ -1,8 +1,15 @@
 """The OpenAI-compatible HTTP server: routes, OpenAI error bodies, API key, body limit and metrics.
 
 The model loads in a background thread after the server starts listening, so /health answers 503
-(with an OpenAI error body) until it is ready. Generation runs on the scheduler's thread; handlers
-wait for tokens on asyncio queues and cancel their job when the client goes away.
+(with an OpenAI error body) until it is ready, and again once the generation worker has stopped or a
+shutdown has begun. Generation runs on the scheduler's thread; handlers wait for tokens on asyncio
+queues and cancel their job when the client goes away.
+
+Slow clients: a connection must send each request's headers within `header_timeout` (checked by
+`TimedH11Protocol`) and its body within `body_timeout` (checked by `Gate`, answered with a 408).
+Shutdown (SIGTERM or Ctrl-C): new requests get 503 and running ones go on for `shutdown_timeout`;
+then each still running ends with an error (an error event and [DONE] in a stream, a JSON 503
+otherwise) and the process exits.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import TypeVar
 
 import uvicorn
@@ -26,6 +34,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gufo import __version__
 from gufo.errors import BadInputError, GufoError
@@ -38,6 +47,7 @@ from gufo.server.scheduler import (
     QueueFullError,
     Scheduler,
     TokenEvent,
+    WorkerDeadError,
 )
 from gufo.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, error_body
 from gufo.server.settings import ServerSettings
@@ -47,6 +57,7 @@ from gufo.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
+SHUTDOWN_FLUSH_SECONDS = 5
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
 
 
@@ -60,12 +71,15 @@ class ApiError(Exception):
         kind: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.headers = headers
 
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.kind, self.param, self.code), self.status)
+        body = error_body(self.message, self.kind, self.param, self.code)
+        return JSONResponse(body, self.status, headers=self.headers)
 
 
 @dataclass
@@ -82,14 +96,31 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     runtime: Runtime | None = None
     load_error: str | None = None
+    shutting_down: bool = False
     started: int = field(default_factory=lambda: int(time.time()))
 
     def ready(self) -> Runtime:
+        if self.shutting_down:
+            raise ApiError(503, "the server is shutting down", "unavailable_error", code="shutting_down")
         if self.runtime is not None:
+            if not self.runtime.scheduler.alive:
+                message = f"the generation worker has stopped: {self.runtime.scheduler.failure}"
+                raise ApiError(503, message, "unavailable_error", code="worker_stopped")
             return self.runtime
         if self.load_error is not None:
             raise ApiError(503, f"the model failed to load: {self.load_error}", "unavailable_error")
         raise ApiError(503, "the model is loading", "unavailable_error", code="model_loading")
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests now; after `shutdown_timeout` seconds end the running ones with a 503."""
+        self.shutting_down = True
+        runtime = self.runtime
+        if runtime is not None:
+            timer = threading.Timer(
+                self.settings.shutdown_timeout, runtime.scheduler.abort, ["the server is shutting down"]
+            )
+            timer.daemon = True
+            timer.start()
 
     def gauges(self) -> dict[str, int]:
         if self.runtime is None:
@@ -158,8 +189,15 @@ class Gate:
             except ValueError:
                 raise ApiError(400, "invalid Content-Length header") from None
         chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + self.state.settings.body_timeout
         while True:
-            message = await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise ApiError(
+                    408, "the request body did not arrive in time (--body-timeout)", code="request_timeout"
+                ) from None
             if message["type"] == "http.disconnect":
                 break
             chunk = message.get("body", b"")
@@ -184,8 +222,9 @@ class Piece:
 class Generation:
     """The handler's side of one job: pieces of text as they are released, then usage and timings."""
 
-    def __init__(self, state: ServerState, runtime: Runtime, job: Job, text: TextStream):
-        self.runtime, self.job, self.text = runtime, job, text
+    def __init__(self, state: ServerState, runtime: Runtime, job: Job, text: TextStream, echo: str = ""):
+        """`echo`: text released before the first generated piece."""
+        self.runtime, self.job, self.text, self.echo = runtime, job, text, echo
         timeout = state.settings.request_timeout
         self.deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         self.tokens: list[TokenEvent] = []
@@ -202,17 +241,21 @@ class Generation:
     async def pieces(self) -> AsyncIterator[Piece]:
         pending: list[TokenEvent] = []
         try:
+            if self.echo:
+                yield Piece(self.echo, [])
             while True:
                 event = await self._next_event()
                 if isinstance(event, FinishEvent):
                     if event.error is not None:
-                        raise ApiError(500, event.error, "server_error")
+                        kind = "unavailable_error" if event.status == 503 else "server_error"
+                        raise ApiError(event.status, event.error, kind)
                     yield Piece(self.text.finish(), pending, event.reason)
                     return
                 self.tokens.append(event)
                 pending.append(event)
                 delta = self.text.push(event.token)
                 if self.text.stopped:
+                    self.runtime.scheduler.cancel(self.job, "stop")  # a stop string: finished, not cancelled
                     yield Piece(delta, pending, "stop")
                     return
                 if delta:
@@ -258,7 +301,8 @@ async def parse(request: Request, model: type[RequestT]) -> RequestT:
         if first["type"] == "json_invalid":
             raise ApiError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', '')}") from None
         param = ".".join(str(part) for part in first["loc"]) or None
-        message = f"{param}: {first['msg']}" if param else f"request body: {first['msg']}"
+        reason = "unsupported parameter" if first["type"] == "extra_forbidden" else first["msg"]
+        message = f"{param}: {reason}" if param else f"request body: {reason}"
         raise ApiError(400, message, param=param, code="invalid_value") from None
 
 
@@ -311,6 +355,7 @@ def create_app(
             state.runtime.scheduler.stop()
 
     app = FastAPI(title="gufo", version=__version__, lifespan=lifespan)
+    app.state.gufo = state  # for `make_server`'s shutdown
     app.add_middleware(Gate, state=state)
 
     @app.exception_handler(ApiError)
@@ -369,11 +414,23 @@ def create_app(
             prompt_ids = list(body.prompt)
             if not all(0 <= t < tok.vocab_size for t in prompt_ids):
                 raise ApiError(400, f"prompt: token ids must be in [0, {tok.vocab_size})", param="prompt")
-        return await respond(request, runtime, body, prompt_ids, chat=False)
+        if body.echo and body.logprobs is not None:  # OpenAI would score the prompt tokens too
+            message = "echo: not supported together with logprobs (prompt tokens are not scored)"
+            raise ApiError(400, message, param="echo", code="invalid_value")
+        echo = ""
+        if body.echo:
+            echo = body.prompt if isinstance(body.prompt, str) else tok.decode(prompt_ids)
+        return await respond(request, runtime, body, prompt_ids, chat=False, echo=echo)
 
     async def respond(
-        request: Request, runtime: Runtime, body: GenerationRequest, prompt_ids: list[int], chat: bool
+        request: Request,
+        runtime: Runtime,
+        body: GenerationRequest,
+        prompt_ids: list[int],
+        chat: bool,
+        echo: str = "",
     ):
+        """`echo`: text put before the generated text (completions' echo)."""
         if body.model != settings.model_id:
             raise ApiError(
                 404,
@@ -392,7 +449,16 @@ def create_app(
                 param=field_name,
                 code="context_length_exceeded",
             )
-        limit = min(body.token_limit() or settings.max_tokens, settings.max_tokens, context - len(prompt_ids))
+        limit_name, asked = body.token_limit()
+        if asked is not None and asked > settings.max_tokens:
+            message = f"{limit_name}: {asked} is over this server's limit of {settings.max_tokens}"
+            raise ApiError(400, message, param=limit_name, code="invalid_value")
+        vocab_size = runtime.engine.tokenizer.vocab_size
+        if not all(0 <= t < vocab_size for t in body.biased_token_ids()):
+            message = f"logit_bias: token ids must be in [0, {vocab_size})"
+            raise ApiError(400, message, param="logit_bias", code="invalid_value")
+        # The context bounds the output too; a reply cut by it ends with finish_reason "length".
+        limit = min(asked or settings.max_tokens, context - len(prompt_ids))
         stop_ids = frozenset(body.stop_token_ids or ())
         job = Job(
             prompt_ids,
@@ -406,9 +472,12 @@ def create_app(
         try:
             runtime.scheduler.submit(job)
         except QueueFullError as err:
-            raise ApiError(429, str(err), "rate_limit_error", code="queue_full") from None
+            retry = {"Retry-After": "1"}  # a slot frees as soon as any request finishes
+            raise ApiError(429, str(err), "rate_limit_error", code="queue_full", headers=retry) from None
+        except WorkerDeadError as err:
+            raise ApiError(503, str(err), "unavailable_error", code="worker_stopped") from None
         text = TextStream(runtime.engine.tokenizer, body.stop_strings(), stop_ids)
-        generation = Generation(state, runtime, job, text)
+        generation = Generation(state, runtime, job, text, echo)
         shape = (ChatShape if chat else CompletionShape)(settings.model_id, runtime.engine.tokenizer)
         if body.stream:
             return StreamingResponse(
@@ -550,6 +619,71 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request's headers: `header_timeout` seconds from
+    the connection (or the previous response) on. uvicorn's keep-alive timer alone is reset by every
+    byte, so a client dribbling its headers would hold the connection forever."""
+
+    header_timeout: float = 10.0
+    _header_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+        self._header_deadline = self.loop.call_later(self.header_timeout, self._headers_overdue)
+
+    def _headers_overdue(self) -> None:
+        no_request_begun = self.cycle is None or self.cycle.response_complete
+        if no_request_begun and not self.transport.is_closing():
+            self.transport.close()
+
+
+class GufoServer(uvicorn.Server):
+    """uvicorn's server whose first exit signal starts gufo's graceful shutdown (see the module doc)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState):
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            self.state.begin_shutdown()
+        super().handle_exit(sig, frame)
+
+
+def make_server(
+    settings: ServerSettings,
+    load: Callable[[], Engine],
+    on_load_error: Callable[[Exception], None] | None = None,
+    log_level: str | None = None,
+) -> GufoServer:
+    """The uvicorn server of `create_app`, with gufo's timeouts and shutdown."""
+    app = create_app(settings, load, on_load_error)
+    protocol = type("TimedH11Protocol", (TimedH11Protocol,), {"header_timeout": settings.header_timeout})
+    config = uvicorn.Config(
+        app,
+        http=protocol,
+        log_level=log_level,
+        # Running requests end by themselves at the shutdown timeout; the margin lets their error
+        # events and [DONE] reach the clients before uvicorn cancels what is left.
+        timeout_graceful_shutdown=settings.shutdown_timeout + SHUTDOWN_FLUSH_SECONDS,
+    )
+    return GufoServer(config, app.state.gufo)
+
+
 def serve(settings: ServerSettings, load: Callable[[], Engine], sock: socket.socket) -> None:
     """Serve until interrupted; a model that fails to load stops the server and raises here."""
     failures: list[Exception] = []
@@ -558,7 +692,7 @@ def serve(settings: ServerSettings, load: Callable[[], Engine], sock: socket.soc
         failures.append(err)
         server.should_exit = True
 
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, load, stop), timeout_graceful_shutdown=5))
+    server = make_server(settings, load, stop)
     server.run(sockets=[sock])
     if failures:
         err = failures[0]

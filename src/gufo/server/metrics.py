@@ -125,6 +125,7 @@ class Metrics:
             "gufo_requests_active": "Requests holding a slot.",
             "gufo_queue_depth": "Requests waiting for a slot.",
             "gufo_sessions": "KV slots (sessions).",
+            "gufo_worker_up": "1 while the generation worker runs, 0 once it has stopped (see /health).",
         }
         for name, value in gauges().items():
             family(name, "gauge", texts[name], [f"{name} {value}"])

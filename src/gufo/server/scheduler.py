@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +36,10 @@ class QueueFullError(Exception):
     """Every slot is busy and the queue holds `max_pending` jobs."""
 
 
+class WorkerDeadError(Exception):
+    """The worker thread has stopped; nothing more can be generated."""
+
+
 @dataclass
 class TokenEvent:
     token: int
@@ -47,6 +52,7 @@ class TokenEvent:
 class FinishEvent:
     reason: str  # "stop" (end-of-generation or stop id), "length" or "error"
     error: str | None = None
+    status: int = 500  # the HTTP status of an error: 500, or 503 when the server is shutting down
 
 
 @dataclass(eq=False)
@@ -71,7 +77,7 @@ class Job:
     sampler: Sampler | None = None
     prefilled: int = 0
     generated: list[int] = field(default_factory=list)
-    cancelled: bool = False
+    cancelled: str | None = None  # why the handler ended it early: "cancelled", or "stop" (a stop string)
     drafted: int = 0  # speculative draft tokens verified for this job, and how many were kept
     accepted: int = 0
 
@@ -114,10 +120,16 @@ class Scheduler:
         self.waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._aborting: FinishEvent | None = None  # set by `abort`: the event every job gets
+        self.failure: str | None = None  # why the worker stopped, once it has
         self._thread = threading.Thread(target=self._run, name="gufo-scheduler", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.failure is None
 
     def stop(self) -> None:
         with self._cond:
@@ -127,6 +139,8 @@ class Scheduler:
 
     def submit(self, job: Job) -> None:
         with self._cond:
+            if self.failure is not None:
+                raise WorkerDeadError(f"the generation worker has stopped: {self.failure}")
             if len(self.active) + len(self.waiting) >= self.n_slots + self.max_pending:
                 raise QueueFullError(
                     f"all {self.n_slots} sessions are busy and {self.max_pending} requests are queued"
@@ -134,10 +148,17 @@ class Scheduler:
             self.waiting.append(job)
             self._cond.notify()
 
-    def cancel(self, job: Job) -> None:
-        """Stop a job; its slot is freed at the next step. Harmless once it has finished."""
+    def cancel(self, job: Job, reason: str = "cancelled") -> None:
+        """Stop a job; its slot is freed at the next step and `reason` counted in the metrics (the first
+        reason given wins). Harmless once it has finished."""
         with self._cond:
-            job.cancelled = True
+            job.cancelled = job.cancelled or reason
+            self._cond.notify()
+
+    def abort(self, message: str) -> None:
+        """End every waiting and running job with a 503 error `message` (the shutdown timeout)."""
+        with self._cond:
+            self._aborting = FinishEvent("error", message, status=503)
             self._cond.notify()
 
     def gauges(self) -> dict[str, int]:
@@ -146,35 +167,61 @@ class Scheduler:
                 "gufo_requests_active": len(self.active),
                 "gufo_queue_depth": len(self.waiting),
                 "gufo_sessions": self.n_slots,
+                "gufo_worker_up": int(self.alive),
             }
 
     # ---- worker thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as err:  # the loop itself broke: fail everything and say so
+            log.exception("the generation worker stopped")
+            with self._cond:
+                self.failure = f"{type(err).__name__}: {err}"
+                self._fail_all(FinishEvent("error", f"the generation worker stopped: {self.failure}"))
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._stopping and not self.active and not self.waiting:
                     self._cond.wait()
                 if self._stopping:
                     return
+                if self._aborting is not None:
+                    self._fail_all(self._aborting)
+                    continue
                 self._drop_cancelled()
                 self._admit()
             try:
                 self._step()
-            except Exception as err:  # an engine failure fails the jobs in flight, not the server
+            except Exception as err:  # a batched decode failed: its jobs fail, not the server
                 log.exception("generation step failed")
                 with self._cond:
-                    for slot, job in list(self.active.items()):
-                        self.slot_tokens[slot] = []  # the KV state is unknown now
-                        self._finish(job, FinishEvent("error", f"generation failed: {err}"))
+                    for job in [j for j in self.active.values() if j.generated]:
+                        self._fail(job, err)
+
+    def _fail_all(self, event: FinishEvent) -> None:
+        for job in self.waiting:
+            job.post(event)
+            self.metrics.finish(event.reason)
+        self.waiting.clear()
+        for job in list(self.active.values()):
+            self.slot_tokens[job.slot] = []
+            self._finish(job, event)
+
+    def _fail(self, job: Job, err: Exception) -> None:
+        """End one job with a 500; its slot's KV state is unknown now, so its cached prefix goes."""
+        self.slot_tokens[job.slot] = []
+        self._finish(job, FinishEvent("error", f"generation failed: {err}"))
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self.waiting if j.cancelled]:
             self.waiting.remove(job)
-            self.metrics.finish("cancelled")
+            self.metrics.finish(job.cancelled)
         for job in [j for j in self.active.values() if j.cancelled]:
             self._release(job)
-            self.metrics.finish("cancelled")
+            self.metrics.finish(job.cancelled)
 
     def _admit(self) -> None:
         free = [s for s in range(self.n_slots) if s not in self.active]
@@ -195,18 +242,22 @@ class Scheduler:
             job.slot, job.prefilled, job.cached_tokens = slot, reused, reused
             job.admitted_at = time.perf_counter()
             self.active[slot] = job
-            job.sampler = Sampler(job.params)
             self.metrics.admitted(len(prompt), reused)
+            try:
+                job.sampler = Sampler(job.params, prompt_length=len(prompt))
+            except Exception as err:  # e.g. a seed torch refuses: this request fails, not the worker
+                log.exception("admitting a request failed")
+                self._fail(job, err)
 
     def _step(self) -> None:
         jobs = list(self.active.values())
         decoding = [j for j in jobs if j.generated]
         prefilling = next((j for j in jobs if not j.generated), None)
         if prefilling is not None:
-            self._prefill_chunk(prefilling)
+            self._for_one(prefilling, self._prefill_chunk)
         if self.speculators is not None:
             for job in decoding:
-                self._speculate(job)
+                self._for_one(job, self._speculate)
         elif decoding:
             logits = self.engine.decode_batch(
                 [j.generated[-1] for j in decoding],
@@ -215,7 +266,17 @@ class Scheduler:
             )
             for job, row in zip(decoding, logits, strict=True):
                 self.slot_tokens[job.slot].append(job.generated[-1])
-                self._sample(job, row)
+                self._for_one(job, self._sample, row)
+
+    def _for_one(self, job: Job, work: Callable[..., None], *args: object) -> None:
+        """`work(job, *args)`; an exception fails this job only."""
+        try:
+            work(job, *args)
+        except Exception as err:
+            log.exception("generation failed for one request")
+            with self._cond:
+                if job.slot in self.active and self.active[job.slot] is job:
+                    self._fail(job, err)
 
     def _prefill_chunk(self, job: Job) -> None:
         chunk = job.prompt_ids[job.prefilled : job.prefilled + self.prefill_chunk]

@@ -1,25 +1,38 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic), and the error body.
 
-Unknown fields are ignored, as OpenAI clients send many (user, presence_penalty, ...). `cache_prompt`
-(llama.cpp's name) turns prefix reuse off; `stop_token_ids` (vLLM's name) stops on token ids;
-`top_k`, `min_p` and `repeat_penalty` are llama.cpp's sampling extensions.
+Every field is strict (no coercion: `"max_tokens": true` or `"stream": "yes"` is a 400) and bounded to
+the range the sampler serves finitely; an unknown field is a 400 naming it, so nothing a client asks
+for is silently ignored. Fields accepted only at their no-op values (`n`, `best_of`, `suffix`,
+`response_format`, `tools`, `tool_choice`) say so in their 400. Extensions: `cache_prompt` (llama.cpp's
+name) turns prefix reuse off; `stop_token_ids` (vLLM's name) stops on token ids; `top_k`, `min_p` and
+`repeat_penalty` are llama.cpp's sampling extensions.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gufo.runtime.sampling import SamplingParams
 
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+# torch.Generator.manual_seed takes exactly this range (negative seeds wrap), as OpenAI's int64 seeds do.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+# Beyond these the penalized logits leave float32's range (and no sensible request goes near them).
+REPEAT_PENALTY_MIN, REPEAT_PENALTY_MAX = 0.01, 100.0
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for one bias
+
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class GenerationRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -27,19 +40,23 @@ class GenerationRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(None, gt=0.0)
-    seed: int | None = None
+    repeat_penalty: float | None = Field(None, ge=REPEAT_PENALTY_MIN, le=REPEAT_PENALTY_MAX)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    n: int = 1
+    n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_prompt: bool = True
+    user: str | None = None  # identifies the end user to OpenAI; nothing to do with the output
 
     @field_validator("n")
     @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
+    def _only_one_choice(cls, n: int | None) -> int | None:
+        if n not in (None, 1):
             raise ValueError("only n=1 is supported")
         return n
 
@@ -50,16 +67,31 @@ class GenerationRequest(BaseModel):
             raise ValueError("at most 4 stop sequences")
         return stop
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.isdecimal():
+                raise ValueError(f"keys are token ids, got {key!r}")
+            if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"biases are in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], got {value}")
+        return bias
+
+    def biased_token_ids(self) -> list[int]:
+        return [int(key) for key in self.logit_bias or {}]
+
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def sampling_params(self) -> SamplingParams:
-        given = {
-            name: getattr(self, name)
-            for name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
-            if getattr(self, name) is not None
-        }
-        return SamplingParams(**given)
+        names = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
+        given = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return SamplingParams(
+            **given,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias={int(key): value for key, value in (self.logit_bias or {}).items()},
+        )
 
     @property
     def include_usage(self) -> bool:
@@ -67,21 +99,79 @@ class GenerationRequest(BaseModel):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = STRICT
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+    def as_template_input(self) -> dict[str, Any]:
+        # HF chat templates expect the arguments as a mapping (many render them with `tojson`).
+        try:
+            arguments = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        if not isinstance(arguments, dict):
+            arguments = self.function.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.function.name, "arguments": arguments},
+        }
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
-    def as_template_input(self) -> dict[str, str]:
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as HF chat templates take it; `developer` is OpenAI's newer name for `system`."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        return {"role": self.role, "content": content or ""}
+        message: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": content or "",
+        }
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class ResponseFormat(BaseModel):
+    model_config = STRICT
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, kind: str) -> str:
+        if kind != "text":
+            raise ValueError("only {'type': 'text'} is supported (no structured output yet)")
+        return kind
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -89,9 +179,30 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # without tools there is nothing to run in parallel
 
-    def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, tools: list[Any] | None) -> list[Any] | None:
+        if tools:
+            raise ValueError("tool calling is not supported yet (send no tools)")
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if choice not in (None, "none"):
+            raise ValueError("tool calling is not supported yet (only 'none')")
+        return choice
+
+    def token_limit(self) -> tuple[str, int | None]:
+        """The field that limits the output and its value."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
 
     def logprob_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -100,9 +211,26 @@ class ChatCompletionRequest(GenerationRequest):
 class CompletionRequest(GenerationRequest):
     prompt: str | list[int] = Field(min_length=1)
     logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
 
-    def token_limit(self) -> int | None:
-        return self.max_tokens
+    @field_validator("best_of")
+    @classmethod
+    def _one_candidate(cls, best_of: int | None) -> int | None:
+        if best_of not in (None, 1):
+            raise ValueError("only best_of=1 is supported")
+        return best_of
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_infill(cls, suffix: str | None) -> str | None:
+        if suffix:
+            raise ValueError("fill-in-the-middle (suffix) is not supported")
+        return suffix
+
+    def token_limit(self) -> tuple[str, int | None]:
+        return "max_tokens", self.max_tokens
 
     def logprob_count(self) -> int | None:
         return self.logprobs

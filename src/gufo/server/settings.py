@@ -15,6 +15,9 @@ class ServerSettings:
     max_pending: int = 16
     max_request_bytes: int = 1 << 20
     request_timeout: float | None = None
+    shutdown_timeout: float = 30.0  # seconds running requests may go on after SIGTERM
+    header_timeout: float = 10.0  # seconds a connection has to send each request's headers
+    body_timeout: float = 30.0  # seconds a request has to send its body
     api_key: str | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     speculative: SpeculativeParams | None = None  # None: plain decoding
