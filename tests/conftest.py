@@ -34,6 +34,18 @@ def golden(alias: str) -> dict:
     return json.loads((GOLDENS / f"{MODELS[alias]}.json").read_text())
 
 
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """torch's thread count is process-wide and `Engine(threads=N)`, `-t N` and the tensor-parallel tests
+    set it: restore it after every test, so a test's numbers never depend on which tests ran before it."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     if not SHARED.is_dir():

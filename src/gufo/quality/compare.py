@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from gufo.quality.reference import ReferenceLogits
+from gufo.quality.reference import ReferenceLogits, log_sum_exp
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def kl_divergence(reference: ReferenceLogits, candidate: torch.Tensor) -> torch.
     """KL(reference || candidate) per stored position; candidate: full logit rows [P, vocab]."""
     candidate = candidate.double()
     # the same log-sum-exp as the recorded one, so a run compared with itself gives exactly 0
-    log_q = candidate - torch.logsumexp(candidate, -1, keepdim=True)
+    log_q = candidate - log_sum_exp(candidate)[:, None]
     log_p = torch.from_numpy(reference.logits).double() - torch.from_numpy(reference.lse).double()[:, None]
     if reference.full:
         return (log_p.exp() * (log_p - log_q)).sum(-1)
@@ -76,11 +76,15 @@ def compare_to_reference(reference: ReferenceLogits, candidate: torch.Tensor) ->
     scored = ok & torch.isfinite(next_logit)
     tokens = torch.from_numpy(reference.tokens)
     following = torch.from_numpy(reference.positions)[scored] + 1
+    # log p(next) = its logit - the row's log-sum-exp on both sides, the reference's as it was recorded
+    # (log_softmax rounds differently: a run against itself then differed in the perplexity's last digits)
     ref_logp = (next_logit - torch.from_numpy(reference.lse).double())[scored]
-    cand_logp = torch.log_softmax(candidate[scored], -1).gather(1, tokens[following][:, None].long())[:, 0]
+    cand_rows = candidate[scored]
+    cand_logp = cand_rows.gather(1, tokens[following][:, None].long())[:, 0] - log_sum_exp(cand_rows)
 
     def mean(values: torch.Tensor) -> float:
-        return float(values.mean()) if values.numel() else math.nan
+        """Correctly rounded (math.fsum): the same bits whatever the order, length or thread count."""
+        return math.fsum(values.tolist()) / values.numel() if values.numel() else math.nan
 
     return QualityReport(
         positions=len(reference.positions),

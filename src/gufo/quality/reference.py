@@ -24,6 +24,19 @@ from gufo.runtime.engine import Engine
 FORMAT = "gufo-reference-logits-1"
 
 
+def log_sum_exp(rows: torch.Tensor) -> torch.Tensor:
+    """float64 log-sum-exp of each row [P, vocab] -> [P], the same bits for a row whatever the number of
+    rows beside it and torch's thread count: torch's reduction splits one row across threads when there
+    are fewer rows than threads (so a chunk's 1-row tail differed from the same row among many), numpy
+    sums each row alone, pairwise, on one thread. The reference's `lse` and the candidate's both come
+    from here, so a run compared with itself gives KL 0 and the same perplexity bit for bit."""
+    values = rows.detach().to("cpu", torch.float64).numpy()
+    top = values.max(axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return torch.from_numpy((np.log(np.exp(values - top).sum(axis=-1)) + top[:, 0]).copy())
+
+
 @dataclass
 class ReferenceLogits:
     tokens: np.ndarray  # int64 [N], the whole evaluated sequence
@@ -53,7 +66,7 @@ class ReferenceLogits:
         """Build from full logit rows [P, vocab] of `positions`; top_k 0 or >= vocab keeps everything."""
         rows = rows.float()
         vocab = rows.shape[-1]
-        lse = torch.logsumexp(rows.double(), -1)
+        lse = log_sum_exp(rows)
         if 0 < top_k < vocab:
             kept, ids = torch.topk(rows, top_k, dim=-1)
             ids_array: np.ndarray | None = ids.to(torch.int32).numpy()
