@@ -62,6 +62,10 @@ class LiveServer:
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
+    def metric_labelled(self, reason: str) -> float:
+        """gufo_requests_finished_total for one finish reason."""
+        return self.metric(f'gufo_requests_finished_total{{reason="{reason}"}}')
+
 
 @contextmanager
 def live_server(

@@ -30,8 +30,11 @@ DEFAULTS = ServerSettings(model_id="")
 EPILOG = """\
 Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health (503 while
 the model loads), GET /metrics (Prometheus text; with --speculative, gufo_draft_tokens_total and
-gufo_draft_tokens_accepted_total count drafts). Errors use OpenAI's error object. Request extensions:
-top_k, min_p, repeat_penalty (llama.cpp sampling), stop_token_ids, cache_prompt=false (no prefix reuse).
+gufo_draft_tokens_accepted_total count drafts; gufo_worker_up is 0 once generation has stopped, and
+/health is 503 then). Errors use OpenAI's error object; a parameter the server does not implement is a
+400 naming it, never ignored (n, best_of, suffix, tools, tool_choice and response_format only at their
+no-op values). Request extensions: top_k, min_p, repeat_penalty (llama.cpp sampling), stop_token_ids,
+cache_prompt=false (no prefix reuse).
 Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms; with
 speculation also draft_n and draft_n_accepted).
 With --speculative each request drafts and verifies in its own slot (a draft model gets as many slots
@@ -84,6 +87,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds a request may take, queueing included, before it is cancelled (default: no limit)",
     )
     parser.add_argument(
+        "--shutdown-timeout",
+        type=positive_float,
+        default=DEFAULTS.shutdown_timeout,
+        metavar="S",
+        help="on SIGTERM or Ctrl-C, seconds running requests may go on (new ones get 503); then each "
+        f"ends with an error event and [DONE], or a JSON 503 (default {DEFAULTS.shutdown_timeout:g})",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=positive_float,
+        default=DEFAULTS.header_timeout,
+        metavar="S",
+        help="seconds a connection has to send a request's headers before it is closed "
+        f"(default {DEFAULTS.header_timeout:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=positive_float,
+        default=DEFAULTS.body_timeout,
+        metavar="S",
+        help=f"seconds a request has to send its body; then 408 (default {DEFAULTS.body_timeout:g})",
+    )
+    parser.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route (default: none)"
     )
     parser.add_argument(
@@ -121,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
         max_pending=args.max_pending,
         max_request_bytes=args.max_request_bytes,
         request_timeout=args.request_timeout,
+        shutdown_timeout=args.shutdown_timeout,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
         api_key=args.api_key,
         prefill_chunk=args.prefill_chunk,
         speculative=speculative,
