@@ -51,6 +51,7 @@ def test_four_streams_equal_sequential_and_fifth_gets_429(server):
     status, body = raised.value.status_code, raised.value.response.json()
     error = assert_error(status, body, 429, "queue_full")
     assert error["type"] == "rate_limit_error"
+    assert raised.value.response.headers["retry-after"] == "1"
     assert [text_of(s) for s in streams] == sequential
     assert all(sequential)
 
