@@ -8,12 +8,14 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from gufo.server.app import listen
 from tests.conftest import gufo
 from tests.server.conftest import MODEL
 
@@ -39,34 +41,104 @@ def test_bad_flag_value_is_a_usage_error(capsys):
     assert exited.value.code == 2 and "--request-timeout" in err and len(err.strip().splitlines()) == 1
 
 
-def test_serve_process_answers_and_stops_on_interrupt():
+def start_serve(*flags: str) -> tuple[subprocess.Popen, str]:
+    """A real `gufo serve` process on a free port, once /health says ok, and its URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gufo.cli.main", "serve", "-m", MODEL, "--port", "0", "-c", "256", "-t", "1"],
+        [sys.executable, "-m", "gufo.cli.main", "serve", "-m", MODEL, "--port", "0", "-c", "512", "-t", "1"]
+        + list(flags),
         stderr=subprocess.PIPE,
         text=True,
         # a runner started in the background (`cmd &`) ignores SIGINT, and children inherit that
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+    line = proc.stderr.readline()
+    match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    assert match, line
+    url = f"http://127.0.0.1:{match.group(1)}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+                assert json.load(response) == {"status": "ok"}
+                return proc, url
+        except urllib.error.HTTPError as err:
+            assert err.code == 503 and time.monotonic() < deadline
+            time.sleep(0.2)
+
+
+def test_serve_process_answers_and_stops_on_interrupt():
+    proc, url = start_serve()
     try:
-        line = proc.stderr.readline()
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert match, line
-        url = f"http://127.0.0.1:{match.group(1)}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
-                    assert json.load(response) == {"status": "ok"}
-                    break
-            except urllib.error.HTTPError as err:
-                assert err.code == 503 and time.monotonic() < deadline
-                time.sleep(0.2)
         with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
             assert [m["id"] for m in json.load(response)["data"]] == [MODEL]
         proc.send_signal(signal.SIGINT)  # uvicorn shuts down, then the CLI reports the interrupt
         assert proc.wait(timeout=60) == 130
         err = proc.stderr.read()
         assert "Traceback" not in err and err.rstrip().endswith("gufo: interrupted")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def sse_events(url: str, body: dict, first_text: threading.Event, out: list) -> None:
+    """A stream's data events, in order; `first_text` is set once text has arrived."""
+    request = urllib.request.Request(
+        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    events = []
+    with urllib.request.urlopen(request, timeout=120) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if line[6:] != "[DONE]" and json.loads(line[6:]).get("choices"):
+                    first_text.set()
+    first_text.set()
+    out.append(events)
+
+
+def plain_reply(url: str, body: dict, out: list) -> None:
+    request = urllib.request.Request(
+        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            out.append((response.status, json.load(response)))
+    except urllib.error.HTTPError as err:
+        out.append((err.code, json.load(err)))
+
+
+def test_sigterm_ends_running_requests_cleanly_and_frees_the_port():
+    proc, url = start_serve("--sessions", "2", "--max-tokens", "400", "--shutdown-timeout", "2")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        # Long generations: end-of-text and the chat markers are banned, so they outlast the timeout.
+        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0}
+        body["logit_bias"] = {"0": -100, "1": -100, "2": -100}
+        streamed, replied, first_text = [], [], threading.Event()
+        threads = [
+            threading.Thread(target=sse_events, args=(url, {**body, "stream": True}, first_text, streamed)),
+            threading.Thread(target=plain_reply, args=(url, body, replied)),
+        ]
+        for thread in threads:
+            thread.start()
+        assert first_text.wait(120)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == -signal.SIGTERM  # uvicorn re-raises the signal once it is done
+        for thread in threads:
+            thread.join(60)
+        events = streamed[0]
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])
+        if "error" in last:  # still running at the timeout
+            assert last["error"]["code"] == "shutting_down" and last["error"]["type"] == "unavailable_error"
+        else:
+            assert last["choices"][0]["finish_reason"] in ("stop", "length")
+        status, reply = replied[0]
+        assert status == 200 or (status == 503 and reply["error"]["code"] == "shutting_down"), reply
+        assert "Traceback" not in proc.stderr.read()
+        listen("127.0.0.1", port).close()  # the port is free again
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -116,9 +116,8 @@ class ServerState:
         self.shutting_down = True
         runtime = self.runtime
         if runtime is not None:
-            timer = threading.Timer(
-                self.settings.shutdown_timeout, runtime.scheduler.abort, ["the server is shutting down"]
-            )
+            message = "the server shut down (--shutdown-timeout)"
+            timer = threading.Timer(self.settings.shutdown_timeout, runtime.scheduler.abort, [message])
             timer.daemon = True
             timer.start()
 
@@ -248,7 +247,7 @@ class Generation:
                 if isinstance(event, FinishEvent):
                     if event.error is not None:
                         kind = "unavailable_error" if event.status == 503 else "server_error"
-                        raise ApiError(event.status, event.error, kind)
+                        raise ApiError(event.status, event.error, kind, code=event.code)
                     yield Piece(self.text.finish(), pending, event.reason)
                     return
                 self.tokens.append(event)

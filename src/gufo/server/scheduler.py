@@ -53,6 +53,7 @@ class FinishEvent:
     reason: str  # "stop" (end-of-generation or stop id), "length" or "error"
     error: str | None = None
     status: int = 500  # the HTTP status of an error: 500, or 503 when the server is shutting down
+    code: str | None = None  # OpenAI's error code
 
 
 @dataclass(eq=False)
@@ -156,9 +157,10 @@ class Scheduler:
             self._cond.notify()
 
     def abort(self, message: str) -> None:
-        """End every waiting and running job with a 503 error `message` (the shutdown timeout)."""
+        """End every waiting and running job, and any submitted later, with a 503 error `message`
+        (code shutting_down): the shutdown timeout has passed."""
         with self._cond:
-            self._aborting = FinishEvent("error", message, status=503)
+            self._aborting = FinishEvent("error", message, status=503, code="shutting_down")
             self._cond.notify()
 
     def gauges(self) -> dict[str, int]:
