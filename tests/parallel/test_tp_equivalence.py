@@ -1,6 +1,15 @@
 """Tensor-parallel logits equal the single process's (the issue's oracle) in float32: the torch
 reference kernels, so no int8 activation rounding amplifies the all-reduce's different summation order
-(that path is compared by token traces in test_tp_torchrun.py). Ranks run on gloo, one thread each."""
+(that path is compared by token traces in test_tp_torchrun.py). Ranks run on gloo, one thread each.
+
+The bound is the float32 rounding error of the computation itself, measured against the same model run
+in float64 (`float64_following`): the ranks differ from the single process only in the order of the
+all-reduced sums (attn_output, ffn_down: w partial sums of K/w terms, then a w-term sum, against one K-term
+sum), whose worst-case float32 bound ((K/w + w) u against K u, u = 2**-24) is no larger than the single
+process's; the rest is the same arithmetic. So the sharded run is as close to float64 as the single one,
+up to how much the largest of thousands of rounding errors varies between two orderings (far under 2x):
+max|tp - f64| <= 2 max|single - f64|, and so max|tp - single| <= 3 max|single - f64|. (A fixed 1e-4 was
+the last run's number: SmolLM2's float32 logits are 1.2e-4 from float64, tp=3 measured 1.1e-4.)"""
 
 from __future__ import annotations
 
@@ -12,7 +21,6 @@ from tests.conftest import golden
 from tests.parallel.tp_workers import greedy_logits, run_ranks
 from tests.runtime.tiny_model import write_tiny_model
 
-TOLERANCE = 1e-4
 STEPS = 6
 
 
@@ -23,12 +31,16 @@ def max_abs_diff(a: tuple, b: tuple) -> float:
 
 
 def check_equal(path, world: int, prompt: list[int], tmp_path) -> tuple:
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # restored after the test (tests/conftest.py)
     single = greedy_logits(path, "torch", prompt, STEPS)
+    exact = greedy_logits(path, "torch", prompt, STEPS, float64_following=single[2])
     sharded = run_ranks(world, path, "torch", prompt, STEPS, tmp_path / "rank0.pt")
-    diff = max_abs_diff(sharded, single)
-    print(f"tp={world} max_abs_diff={diff:.3g}")  # recorded in the test log for the issue
-    assert diff <= TOLERANCE
+    rounding = max_abs_diff(single, exact)  # the single process's own float32 error
+    sharded_rounding, diff = max_abs_diff(sharded, exact), max_abs_diff(sharded, single)
+    print(f"tp={world} max_abs_diff={diff:.3g} float32_error single={rounding:.3g} tp={sharded_rounding:.3g}")
+    assert rounding > 0  # the float64 run is another computation
+    assert sharded_rounding <= 2 * rounding
+    assert diff <= 3 * rounding
     assert sharded[2] == single[2]  # greedy ids
     return sharded
 

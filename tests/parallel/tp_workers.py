@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -18,23 +19,61 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def in_float64(obj: object, seen: set[int] | None = None) -> object:
+    """`obj` (a built model) with every float32 tensor it holds, down its gufo objects, lists, tuples
+    and dicts, made float64: the oracle run of a float32 computation's rounding error."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return obj
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return obj.double() if obj.dtype == torch.float32 else obj
+    if isinstance(obj, list):
+        obj[:] = [in_float64(value, seen) for value in obj]
+    elif isinstance(obj, tuple):
+        return tuple(in_float64(value, seen) for value in obj)
+    elif isinstance(obj, dict):
+        obj.update({key: in_float64(value, seen) for key, value in obj.items()})
+    elif type(obj).__module__.startswith("gufo.") and hasattr(obj, "__dict__"):
+        for key, value in list(vars(obj).items()):
+            if (converted := in_float64(value, seen)) is not value:
+                object.__setattr__(obj, key, converted)  # frozen dataclasses too
+    return obj
+
+
 def greedy_logits(
-    path: Path, backend: str, prompt: list[int], steps: int, tp=None
+    path: Path,
+    backend: str,
+    prompt: list[int],
+    steps: int,
+    tp=None,
+    float64_following: list[int] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
-    """Prefill logits of every prompt token, then `steps` greedy decode steps: (prefill, decode, ids)."""
+    """Prefill logits of every prompt token, then `steps` greedy decode steps: (prefill, decode, ids).
+    float64_following: the same single-process model run in float64 (weights as dequantized, activations,
+    cache), decoding these ids instead of its own argmax (the float32 run's greedy ids)."""
+    from unittest import mock
+
     from gufo.gguf.model_file import open_model_file
-    from gufo.kernels import backends  # noqa: F401  (registers kernels)
+    from gufo.kernels import backends
     from gufo.models.registry import build_model
 
     model = build_model(open_model_file(path), backend, tp)
-    cache = model.new_cache(1, len(prompt) + steps + 1)
+    float64 = float64_following is not None
+    if float64:
+        in_float64(model)
+        embed = model.embed
+        model.embed = lambda tokens: embed(tokens).double()
+    with mock.patch.object(backends, "cache_dtype", lambda _: torch.float64) if float64 else nullcontext():
+        cache = model.new_cache(1, len(prompt) + steps + 1)
     with torch.inference_mode():
         prefill = model.forward(torch.tensor(prompt), cache, 0, 0, all_logits=True)
         logits, decoded, ids = prefill[-1], [], []
         for step in range(steps):
-            ids.append(int(logits.argmax()))
+            ids.append(float64_following[step] if float64 else int(logits.argmax()))
             logits = model.forward(torch.tensor(ids[-1:]), cache, 0, len(prompt) + step)[-1]
             decoded.append(logits)
+    assert prefill.dtype == (torch.float64 if float64 else torch.float32)
     return prefill, decoded, ids
 
 
