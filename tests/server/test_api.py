@@ -120,3 +120,25 @@ def test_bench_serve_reports_parity_and_no_text(server, capsys, tmp_path):
     assert all(r["cached_tokens"] == 0 for r in report["results"])
     text = out.read_text()
     assert "127.0.0.1" not in text and "river" not in text  # no host, no prompt
+
+
+def test_bench_serve_chat_mode_counts_tokens_per_chunk(server, capsys, tmp_path):
+    out = tmp_path / "chat.json"
+    args = ["--endpoint", "chat", "--tokenizer", MODEL, "--concurrency", "1,2", "--max-tokens", "4"]
+    code, stdout, _ = gufo(
+        capsys,
+        "bench-serve",
+        "--base-url",
+        server.base_url,
+        *args,
+        "-r",
+        "1",
+        "--prompt-words",
+        "8",
+        "-o",
+        str(out),
+    )
+    assert code == 0 and "ITL per token" in stdout
+    report = json.loads(out.read_text())
+    assert report["endpoint"] == "chat" and report["itl_unit"] == "token"
+    assert report["results"][1]["greedy_matches_c1"] is True

@@ -1,10 +1,13 @@
 """Serving benchmark: latency and throughput of an OpenAI-compatible server as its clients see them.
 
-Per concurrency C, each repetition starts C streaming /v1/completions requests together (greedy,
-`cache_prompt: false` and a random prefix per request, so no request reuses another's KV) and times
-every streamed chunk. Greedy parity: prompts 0..C-1 run once one at a time (this also warms the server
-up) and once all together; the SHA-256 of each text must match. The result holds no prompt, generated
-text, URL or host name.
+Per concurrency C, each repetition starts C streaming requests together (/v1/completions, or
+/v1/chat/completions with `endpoint="chat"`; greedy, `cache_prompt: false` and a random prefix per
+request, so no request reuses another's KV) and times every streamed chunk. Inter-token latency is per
+token: a chunk that carries k tokens after a gap g counts as k latencies of g/k, k counted with
+`token_counter` (the tokens of the text so far, less those before the chunk), or 1 per chunk without
+one. Completion tokens come from the stream's usage, else from `token_counter`. Greedy parity: prompts
+0..C-1 run once one at a time (this also warms the server up) and once all together; the SHA-256 of
+each text must match. The result holds no prompt, generated text, URL or host name.
 """
 
 from __future__ import annotations
@@ -28,20 +31,25 @@ from gufo.errors import BadInputError, GufoError
 WORDS = ("river", "stone", "light", "garden", "morning", "window", "paper", "music", "field", "winter")
 
 
+TokenCounter = Callable[[str], int]
+
+
 @dataclass
 class Sample:
     """One streamed request, times in seconds from sending it."""
 
     ttft: float
     chunk_times: list[float]
-    prompt_tokens: int
+    chunk_tokens: list[int]  # tokens each chunk carries
+    prompt_tokens: int | None
     cached_tokens: int
     completion_tokens: int
     text_sha256: str
 
     @property
     def itls(self) -> list[float]:
-        return list(np.diff(self.chunk_times))
+        gaps = np.diff(self.chunk_times)
+        return [float(gap) / k for gap, k in zip(gaps, self.chunk_tokens[1:], strict=True) for _ in range(k)]
 
     @property
     def decode_tps(self) -> float | None:
@@ -55,6 +63,8 @@ class Client:
     api_key: str | None = None
     timeout: float = 600.0
     model: str = ""
+    endpoint: str = "completions"  # or "chat"
+    token_counter: TokenCounter | None = None
     _parts: SplitResult = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -93,9 +103,10 @@ class Client:
         return models[0]["id"]
 
     def stream(self, prompt: str, max_tokens: int) -> Sample:
+        chat = self.endpoint == "chat"
         body = {
             "model": self.model,
-            "prompt": prompt,
+            **({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}),
             "max_tokens": max_tokens,
             "temperature": 0,
             "stream": True,
@@ -103,7 +114,7 @@ class Client:
             "cache_prompt": False,
         }
         started = time.perf_counter()
-        response = self._request("POST", "/completions", body)
+        response = self._request("POST", "/chat/completions" if chat else "/completions", body)
         chunk_times: list[float] = []
         texts: list[str] = []
         usage: dict = {}
@@ -118,20 +129,44 @@ class Client:
             if "error" in event:
                 raise GufoError(f"stream error: {event['error'].get('message')}")
             usage = event.get("usage") or usage
-            text = "".join(c.get("text") or "" for c in event.get("choices", []))
+            text = "".join(chunk_text(c, chat) for c in event.get("choices") or [])
             if text:
                 chunk_times.append(time.perf_counter() - started)
                 texts.append(text)
-        if not chunk_times or not usage:
-            raise GufoError("a stream ended without text or usage (does the server send include_usage?)")
+        if not chunk_times:
+            raise GufoError("a stream ended without text")
+        text = "".join(texts)
+        completion_tokens = usage.get("completion_tokens")
+        if completion_tokens is None:
+            if self.token_counter is None:
+                raise GufoError("the stream has no usage: pass --tokenizer to count its tokens")
+            completion_tokens = self.token_counter(text)
         return Sample(
             ttft=chunk_times[0],
             chunk_times=chunk_times,
-            prompt_tokens=usage["prompt_tokens"],
-            cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-            completion_tokens=usage["completion_tokens"],
-            text_sha256=hashlib.sha256("".join(texts).encode()).hexdigest(),
+            chunk_tokens=self._chunk_tokens(texts),
+            prompt_tokens=usage.get("prompt_tokens"),
+            cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+            completion_tokens=completion_tokens,
+            text_sha256=hashlib.sha256(text.encode()).hexdigest(),
         )
+
+    def _chunk_tokens(self, texts: list[str]) -> list[int]:
+        if self.token_counter is None:
+            return [1] * len(texts)
+        counts, before, so_far = [], 0, ""
+        for text in texts:
+            so_far += text
+            total = self.token_counter(so_far)
+            counts.append(max(total - before, 1))  # a chunk that merged into the previous token counts 1
+            before = total
+        return counts
+
+
+def chunk_text(choice: dict, chat: bool) -> str:
+    if chat:
+        return (choice.get("delta") or {}).get("content") or ""
+    return choice.get("text") or ""
 
 
 def error_message(body: bytes) -> str:
@@ -219,7 +254,7 @@ def run_serving_bench(
                 "completion_tokens": mean([s.completion_tokens for s in samples]),
                 "ttft_ms": percentiles([s.ttft for s in samples]),
                 "itl_ms": percentiles([x for s in samples for x in s.itls]),
-                "prefill_tps": mean([s.prompt_tokens / s.ttft for s in samples]),
+                "prefill_tps": mean([s.prompt_tokens / s.ttft if s.prompt_tokens else None for s in samples]),
                 "decode_tps_per_request": mean([s.decode_tps for s in samples]),
                 "aggregate_tps": mean(aggregate),
                 "aggregate_tps_samples": aggregate,
@@ -228,6 +263,8 @@ def run_serving_bench(
         )
     return {
         "model": client.model,
+        "endpoint": client.endpoint,
+        "itl_unit": "chunk" if client.token_counter is None else "token",
         "max_tokens": max_tokens,
         "prompt_words": prompt_words,
         "repetitions": repetitions,
@@ -245,8 +282,9 @@ def markdown(report: dict) -> str:
         return "-" if v is None else f"{v:.2f}"
 
     lines = [
-        f"model {report['model']}, max_tokens {report['max_tokens']}, "
-        f"prompt ~{report['prompt_words']} words, {report['repetitions']} repetitions",
+        f"model {report['model']} ({report['endpoint']}), max_tokens {report['max_tokens']}, "
+        f"prompt ~{report['prompt_words']} words, {report['repetitions']} repetitions, "
+        f"ITL per {report['itl_unit']}",
         "",
         "| C | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | prefill t/s | decode t/s/req | aggregate t/s "
         "| greedy = C1 |",
