@@ -82,6 +82,8 @@ BAD_CHAT = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"no_such_parameter": 1}, "no_such_parameter"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"messages": [{"role": "function", "content": "x"}]}, "messages"),
 ]
 BAD_COMPLETIONS = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from gufo.runtime.sampling import SamplingParams
 
@@ -66,6 +66,15 @@ class GenerationRequest(BaseModel):
         if isinstance(stop, list) and len(stop) > 4:
             raise ValueError("at most 4 stop sequences")
         return stop
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(
+        cls, options: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if options is not None and info.data.get("stream") is not True:
+            raise ValueError("only allowed with stream=true")
+        return options
 
     @field_validator("logit_bias")
     @classmethod
@@ -183,6 +192,13 @@ class ChatCompletionRequest(GenerationRequest):
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # without tools there is nothing to run in parallel
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, count: int | None, info: ValidationInfo) -> int | None:
+        if count is not None and info.data.get("logprobs") is not True:
+            raise ValueError("only allowed with logprobs=true")
+        return count
 
     @field_validator("tools")
     @classmethod
