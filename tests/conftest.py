@@ -17,6 +17,11 @@ SHARED = Path(os.environ.get("GUFO_SHARED", REPO.parent / "shared"))
 DEVICE = os.environ.get("GUFO_TEST_DEVICE", "cpu")
 GOLDENS = SHARED / "goldens"
 
+# A guard against a hang (a deadlocked collective, a server that never answers), never a measure of speed:
+# a subprocess or wait that passes it has stopped, not slowed. An hour: a loaded 2-core machine took
+# 4462 s for the whole suite, and no single step of a test is a tenth of it.
+HANG_GUARD_S = 3600
+
 MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1",
     "gemma3-270m": "gemma-3-270m-q4_k_m",

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import GOLDENS, MODELS, golden, gufo
+from tests.conftest import GOLDENS, HANG_GUARD_S, MODELS, golden, gufo
 
 
 @pytest.mark.parametrize("alias", sorted(MODELS))
@@ -120,7 +120,7 @@ def test_bad_flag_is_usage_error():
         [sys.executable, "-m", "gufo.cli.main", "run", "-p", "x", "--no-such-flag"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [

@@ -13,6 +13,7 @@ import pytest
 
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import open_model_file
+from tests.conftest import HANG_GUARD_S
 
 
 def write_tiny(path: Path, arch: str = "llama", qtype: str = "F32", drop_key: str | None = None) -> Path:
@@ -165,7 +166,7 @@ def test_cli_exit_code_and_single_line(tmp_path, case):
         [sys.executable, "-m", "gufo.cli.main", "info", str(path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

@@ -300,15 +300,19 @@ def test_int8_limit_from_the_environment(monkeypatch):
         assert gemv._int8_min_weights() == int(value)
     monkeypatch.delenv("GUFO_INT8_MIN_WEIGHTS")
     assert gemv._int8_min_weights() == 2**21
+    from tests.conftest import HANG_GUARD_S  # not at the top: this module is also the interpreter worker
+
     env = {**os.environ, "GUFO_INT8_MIN_WEIGHTS": "-5"}
     command = [sys.executable, "-m", "gufo.cli.main", "kernels", "own", "--target", "sm_90"]
-    bad = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.startswith("gufo: error: GUFO_INT8_MIN_WEIGHTS='-5': expected a whole number")
     assert bad.stderr.count("\n") == 1
 
 
 def test_package_imports_without_triton():
+    from tests.conftest import HANG_GUARD_S
+
     code = (
         "import sys; sys.modules['triton'] = None\n"  # makes `import triton` raise ImportError
         "import gufo.kernels.triton as t\n"
@@ -318,7 +322,7 @@ def test_package_imports_without_triton():
         # without Triton the cuda backend falls back to dequantizing on the device
         "assert registry.lookup('cuda', 'linear', Q.Q4_K)[1] is linear_reference.DeviceDequantLinear\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=HANG_GUARD_S)
 
 
 if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set before importing triton)

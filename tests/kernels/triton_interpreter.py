@@ -49,11 +49,18 @@ def run_cases(cases: dict[str, Callable[[], None]]) -> dict[str, str | None]:
 
 
 def worker_results(script: str) -> dict[str, str | None]:
-    """Parent side: run `script` as the interpreter worker and read its results."""
+    """Parent side: run `script` as the interpreter worker and read its results. The interpreter runs
+    every case in Python on the CPU: minutes, many more on a busy machine, so no time limit but the
+    guard against a hang."""
+    from tests.conftest import HANG_GUARD_S  # parent side only: the worker runs as a plain script
+
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, script], env=env, capture_output=True, text=True, timeout=600, check=False
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, script], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the interpreter worker hung: no result after {HANG_GUARD_S} s")
     if proc.returncode != 0:
         pytest.fail(f"the interpreter worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.splitlines()[-1])

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from kernres_oracles import run_cli
 
+from tests.conftest import HANG_GUARD_S
+
 triton = pytest.importorskip("triton")
 
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -208,6 +210,6 @@ def test_kernels_compile_for_amd_with_a_triton_without_its_cuda_backend():
     """A ROCm-only Triton build has no triton.language.extra.cuda: the kernels then take
     dependent_launch's no-op stand-ins (never called: PDL is False off NVIDIA) and still compile."""
     command = [sys.executable, "-c", NO_CUDA_BACKEND]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import torch
 
-TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
-
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -99,17 +97,19 @@ def rank_main(rank: int, world: int, port: int, path: str, backend: str, prompt,
 
 
 def run_ranks(world: int, path: Path, backend: str, prompt: list[int], steps: int, out: Path):
-    """`greedy_logits` on `world` spawned gloo ranks; rank 0's result. Fails after TIMEOUT_S."""
+    """`greedy_logits` on `world` spawned gloo ranks; rank 0's result. Fails when they hang."""
     import time
 
     import torch.multiprocessing as mp
 
+    from tests.conftest import HANG_GUARD_S  # a hung collective fails the test instead of blocking CI
+
     args = (world, free_port(), str(path), backend, prompt, steps, str(out))
     context = mp.start_processes(rank_main, args=args, nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + HANG_GUARD_S
     while not context.join(timeout=5):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            raise TimeoutError(f"{world} tensor-parallel ranks did not finish in {TIMEOUT_S} s")
+            raise TimeoutError(f"{world} tensor-parallel ranks hung: not finished after {HANG_GUARD_S} s")
     return torch.load(out)
