@@ -195,13 +195,7 @@ class Scheduler:
                     continue
                 self._drop_cancelled()
                 self._admit()
-            try:
-                self._step()
-            except Exception as err:  # a batched decode failed: its jobs fail, not the server
-                log.exception("generation step failed")
-                with self._cond:
-                    for job in [j for j in self.active.values() if j.generated]:
-                        self._fail(job, err)
+            self._step()
 
     def _fail_all(self, event: FinishEvent) -> None:
         for job in self.waiting:
@@ -261,11 +255,17 @@ class Scheduler:
             for job in decoding:
                 self._for_one(job, self._speculate)
         elif decoding:
-            logits = self.engine.decode_batch(
-                [j.generated[-1] for j in decoding],
-                [len(j.prompt_ids) + len(j.generated) - 1 for j in decoding],
-                [j.slot for j in decoding],
-            )
+            try:
+                logits = self.engine.decode_batch(
+                    [j.generated[-1] for j in decoding],
+                    [len(j.prompt_ids) + len(j.generated) - 1 for j in decoding],
+                    [j.slot for j in decoding],
+                )
+            except Exception as err:  # nothing tells which row failed: the batch's jobs fail
+                log.exception("a batched decode step failed")
+                for job in decoding:
+                    self._fail_if_active(job, err)
+                return
             for job, row in zip(decoding, logits, strict=True):
                 self.slot_tokens[job.slot].append(job.generated[-1])
                 self._for_one(job, self._sample, row)
@@ -276,9 +276,12 @@ class Scheduler:
             work(job, *args)
         except Exception as err:
             log.exception("generation failed for one request")
-            with self._cond:
-                if job.slot in self.active and self.active[job.slot] is job:
-                    self._fail(job, err)
+            self._fail_if_active(job, err)
+
+    def _fail_if_active(self, job: Job, err: Exception) -> None:
+        with self._cond:
+            if self.active.get(job.slot) is job:
+                self._fail(job, err)
 
     def _prefill_chunk(self, job: Job) -> None:
         chunk = job.prompt_ids[job.prefilled : job.prefilled + self.prefill_chunk]
