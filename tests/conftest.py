@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from gufo.cli.main import main
 
@@ -21,6 +22,11 @@ GOLDENS = SHARED / "goldens"
 # a subprocess or wait that passes it has stopped, not slowed. An hour: a loaded 2-core machine took
 # 4462 s for the whole suite, and no single step of a test is a tenth of it.
 HANG_GUARD_S = 3600
+
+# Hypothesis' timing checks off for every property test (explicit @settings inherit this): a 200 ms
+# per-example deadline and the too_slow health check measure the machine's load, not the code.
+settings.register_profile("gufo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("gufo")
 
 MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1",
