@@ -4,13 +4,15 @@ penalties -> top-k -> top-p -> min-p -> temperature -> draw.
 Penalties: llama.cpp's repeat penalty over the last `repeat_last_n` tokens of the history, then
 OpenAI's presence/frequency penalties over the generated tokens (the history after `prompt_length`)
 and its logit bias. Finite-probability rule: the draw works in float64 on logits shifted by their
-maximum, so any temperature > 0 gives finite probabilities; a row whose penalized logits are not all
-finite (NaN or +-inf, from an extreme penalty or a broken forward pass) is decoded greedily with NaN as
--inf. One bad row therefore never raises, and never touches another request's row.
+maximum, so any temperature > 0 gives finite probabilities (-inf logits get probability 0); a row
+whose best penalized logit is not finite (NaN or +inf, from an extreme penalty or a broken forward
+pass, or every logit -inf) has no distribution and is decoded greedily, NaN counting as -inf. One bad
+row therefore never raises, and never touches another request's row.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,21 +54,22 @@ class Sampler:
         """Pick the next token from a 1-D float logit vector (on any device: greedy picks where the logits
         are, so only the id crosses to the host); `history` feeds the penalties."""
         logits = self.penalized(logits, history)
-        if self._picks_greedily(logits):
+        drawn = None if self.params.greedy else self._candidates(logits.cpu())
+        if drawn is None:
             return _argmax(logits)
-        ids, final = self._candidates(logits.cpu())
-        choice = torch.multinomial(final, 1, generator=self.generator)
-        return int(ids[choice])
+        ids, final = drawn
+        return int(ids[torch.multinomial(final, 1, generator=self.generator)])
 
     def probabilities(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
         """The whole distribution `__call__` draws from, over the vocabulary (float64; greedy: a point
         mass on the argmax). Speculative sampling compares target and draft through it."""
         logits = self.penalized(logits, history).cpu()
         dense = torch.zeros(logits.numel(), dtype=torch.float64)
-        if self._picks_greedily(logits):
+        drawn = None if self.params.greedy else self._candidates(logits)
+        if drawn is None:
             dense[_argmax(logits)] = 1.0
             return dense
-        ids, final = self._candidates(logits)
+        ids, final = drawn
         dense[ids] = final
         return dense / dense.sum()
 
@@ -93,18 +96,18 @@ class Sampler:
             logits[ids] += bias
         return logits
 
-    def _picks_greedily(self, logits: torch.Tensor) -> bool:
-        return self.params.greedy or not bool(torch.isfinite(logits).all())
-
-    def _candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The surviving token ids and their final (tempered) float64 probabilities; `logits` are finite."""
+    def _candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The surviving token ids and their final (tempered) float64 probabilities; None when the best
+        logit is not finite (NaN sorts first), so there is no distribution to draw from."""
         p = self.params
-        logits = logits.double()
         if 0 < p.top_k < logits.numel():
             candidates, ids = torch.topk(logits, p.top_k)  # sorted descending
         else:
             candidates, ids = torch.sort(logits, descending=True, stable=True)
-        candidates = candidates - candidates[0]  # <= 0, the best is 0: no temperature can overflow it
+        best = float(candidates[0])
+        if not math.isfinite(best):
+            return None
+        candidates = candidates.double() - best  # the best is 0, the rest <= 0: no temperature overflows
         probs = torch.softmax(candidates, -1)
         if p.top_p < 1.0:
             cumulative = torch.cumsum(probs, -1)
