@@ -85,6 +85,7 @@ BAD_CHAT = [
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"messages": [{"role": "function", "content": "x"}]}, "messages"),
+    ({"stop": 5}, "stop"),
 ]
 BAD_COMPLETIONS = [
     ({"echo": True, "logprobs": 1}, "echo"),
@@ -143,6 +144,7 @@ def test_bad_requests_get_400_while_two_streams_run_unchanged(server, reference_
     for fields, param in BAD_CHAT:
         error = assert_error(*server.request("POST", CHAT, chat_body(**{"max_tokens": 2, **fields})), 400)
         assert error["param"].split(".")[0] == param and error["type"] == "invalid_request_error", fields
+        assert "str" not in error["param"].split("."), error  # the field, not pydantic's union member
     for fields, param in BAD_COMPLETIONS:
         body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2, **fields}
         error = assert_error(*server.request("POST", COMPLETIONS, body), 400)

@@ -299,10 +299,16 @@ async def parse(request: Request, model: type[RequestT]) -> RequestT:
         first = err.errors()[0]
         if first["type"] == "json_invalid":
             raise ApiError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', '')}") from None
-        param = ".".join(str(part) for part in first["loc"]) or None
+        param = ".".join(str(part) for part in first["loc"] if not is_union_member(part)) or None
         reason = "unsupported parameter" if first["type"] == "extra_forbidden" else first["msg"]
         message = f"{param}: {reason}" if param else f"request body: {reason}"
         raise ApiError(400, message, param=param, code="invalid_value") from None
+
+
+def is_union_member(loc_part: str | int) -> bool:
+    """pydantic tags an error inside `str | list[int]` with the member's type ('str', 'list[int]'); the
+    client named a field, not a type."""
+    return isinstance(loc_part, str) and (loc_part in ("str", "int", "float", "bool") or "[" in loc_part)
 
 
 def sse(data: dict | str) -> str:
