@@ -6,6 +6,7 @@ real widths on a GPU when there is one."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 
 import pytest
@@ -20,7 +21,7 @@ from gufo.kernels.norm import (
     ReferenceRmsNormRope,
 )
 from gufo.kernels.pointwise import ReferenceGatedAct, ReferenceRope
-from gufo.models.layers import Rope
+from gufo.models.rope import Rope, Yarn
 
 pytest.importorskip("triton")
 
@@ -41,8 +42,19 @@ def check_rms_norm(rows: int, width: int, device: str = "cpu") -> None:
     torch.testing.assert_close(got, want, **TOL)
 
 
-def check_rope(tokens: int, heads: int, dim: int, rotated: int, neox: bool, device: str = "cpu") -> None:
-    rope = Rope(rotated, 10000.0, neox)
+def make_rope(rotated: int, neox: bool, yarn: bool) -> Rope:
+    """Plain RoPE, or YaRN (factor 4 over an original context of 16, attention factor 1.139) on
+    llama3-style frequency factors: tables whose amplitude is not 1 and whose frequencies blend."""
+    if not yarn:
+        return Rope(rotated, 10000.0, neox)
+    factors = tuple(1.0 + i / rotated for i in range(rotated // 2))
+    return Rope(rotated, 10000.0, neox, 4.0, factors, Yarn(16), 1.0 + 0.1 * math.log(4.0))
+
+
+def check_rope(
+    tokens: int, heads: int, dim: int, rotated: int, neox: bool, device: str = "cpu", yarn: bool = False
+) -> None:
+    rope = make_rope(rotated, neox, yarn)
     cos, sin = rope.tables(torch.arange(5, 5 + tokens))
     x = randn(tokens, heads, 3 * dim, seed=dim)[..., :dim]  # q out of a fused projection: strided
     want = ReferenceRope.apply(x, cos, sin, neox)
@@ -61,9 +73,9 @@ def check_add_rms_norm(rows: int, width: int, device: str = "cpu") -> None:
 
 
 def check_rms_norm_rope(
-    tokens: int, heads: int, dim: int, rotated: int, neox: bool, device: str = "cpu"
+    tokens: int, heads: int, dim: int, rotated: int, neox: bool, device: str = "cpu", yarn: bool = False
 ) -> None:
-    rope = Rope(rotated, 10000.0, neox)
+    rope = make_rope(rotated, neox, yarn)
     cos, sin = rope.tables(torch.arange(7, 7 + tokens))
     x = randn(tokens, heads, 3 * dim, seed=dim)[..., :dim] * 2  # q out of a fused projection: strided
     weight = randn(dim, seed=3)
@@ -169,6 +181,10 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         cases[f"rope-partial-neox{neox}"] = lambda n=neox: check_rope(2, 3, 48, 16, n)  # rotates 16 of 48
         cases[f"rms_norm_rope-full-neox{neox}"] = lambda n=neox: check_rms_norm_rope(3, 5, 64, 64, n)
         cases[f"rms_norm_rope-partial-neox{neox}"] = lambda n=neox: check_rms_norm_rope(2, 3, 48, 16, n)
+        cases[f"rope-yarn-neox{neox}"] = lambda n=neox: check_rope(3, 5, 64, 64, n, yarn=True)
+        cases[f"rms_norm_rope-yarn-neox{neox}"] = lambda n=neox: check_rms_norm_rope(
+            2, 3, 48, 16, n, yarn=True
+        )
         for norm in (True, False):
             cases[f"attention_heads-neox{neox}-norm{norm}"] = lambda n=neox, m=norm: check_attention_heads(
                 2, 6, 2, 48, 16 if n else 48, n, m
@@ -201,6 +217,8 @@ def test_gpu_real_widths():
     for neox in (True, False):
         check_rope(37, 32, 128, 128, neox, "cuda")
         check_rms_norm_rope(37, 32, 128, 128, neox, "cuda")
+        check_rope(37, 32, 128, 128, neox, "cuda", yarn=True)
+        check_rms_norm_rope(37, 32, 128, 128, neox, "cuda", yarn=True)
     check_rms_norm_rope(5, 24, 256, 64, True, "cuda")  # qwen35's gated attention: 64 of 256 rotated
     for norm in (True, False):
         check_attention_heads(3, 32, 8, 128, 128, True, norm, "cuda")  # qwen3 8B, speculative drafts

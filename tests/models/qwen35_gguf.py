@@ -24,11 +24,11 @@ CONTEXT = 512
 ARCHITECTURES = {"qwen35": "Qwen3_5ForCausalLM", "qwen3next": "Qwen3NextForCausalLM"}
 
 
-def tiny_config(interval: int = 4, layers: int = 4, arch: str = "qwen35"):
+def tiny_config(interval: int = 4, layers: int = 4, arch: str = "qwen35", vocab: int = VOCAB):
     import transformers
 
     common = dict(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,
@@ -62,12 +62,14 @@ def gguf_arch(model) -> str:
     return "qwen3next" if type(model).__name__ == ARCHITECTURES["qwen3next"] else "qwen35"
 
 
-def tiny_hf_model(interval: int = 4, layers: int = 4, seed: int = 0, arch: str = "qwen35"):
+def tiny_hf_model(
+    interval: int = 4, layers: int = 4, seed: int = 0, arch: str = "qwen35", vocab: int = VOCAB
+):
     """Random float32 model of `arch`; weights scaled so that every block matters to the logits."""
     import transformers
 
     torch.manual_seed(seed)
-    model = getattr(transformers, ARCHITECTURES[arch])(tiny_config(interval, layers, arch)).eval()
+    model = getattr(transformers, ARCHITECTURES[arch])(tiny_config(interval, layers, arch, vocab)).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("linear_attn.norm.weight"):  # plain weight

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gguf
 import pytest
 import torch
+from gguf_rewrite import rewrite
 from qwen35_gguf import VOCAB, tiny_hf_model, write_gguf
 
 from gufo.errors import BadInputError
@@ -73,27 +74,6 @@ def test_prefill_in_pieces_continues_the_recurrent_state(tmp_path):
     check(torch.cat(parts), expected_logits(hf, tokens))
 
 
-def _rewrite(src, dst, drop_key: str | None = None, drop_tensor: str | None = None, arch: str = "qwen35"):
-    """Copy a GGUF without one metadata key or tensor."""
-    reader = gguf.GGUFReader(str(src))
-    writer = gguf.GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", drop_key):
-            continue
-        value = field.contents()
-        kind = field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, value, kind, sub_type=sub)
-    for tensor in reader.tensors:
-        if tensor.name != drop_tensor:
-            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return open_model_file(dst)
-
-
 @pytest.mark.parametrize(
     "drop_key,drop_tensor,message",
     [
@@ -103,6 +83,6 @@ def _rewrite(src, dst, drop_key: str | None = None, drop_tensor: str | None = No
 )
 def test_missing_key_or_tensor_is_one_clear_error(tmp_path, drop_key, drop_tensor, message):
     path = write_gguf(tiny_hf_model(4), tmp_path / "tiny.gguf")
-    mf = _rewrite(path, tmp_path / "broken.gguf", drop_key, drop_tensor)
+    mf = rewrite(path, tmp_path / "broken.gguf", drop_key, drop_tensor)
     with pytest.raises(BadInputError, match=message):
         build_model(mf, "cpu")

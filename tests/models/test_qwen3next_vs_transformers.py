@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import gguf
 import pytest
+from gguf_rewrite import rewrite
 from qwen35_gguf import tiny_hf_model, write_gguf
-from test_qwen35_vs_transformers import SEQ, _rewrite, check_prefill_and_decode
+from test_qwen35_vs_transformers import SEQ, check_prefill_and_decode
 
 from gufo.errors import BadInputError
 from gufo.kernels import backends  # noqa: F401  (registers kernels)
@@ -47,6 +48,6 @@ def test_validate_prefill_in_uneven_chunks(tmp_path, batch_size):
 )
 def test_missing_key_or_tensor_is_one_clear_error(tmp_path, drop_key, drop_tensor, message):
     path = write_gguf(tiny_hf_model(2, arch=ARCH), tmp_path / "tiny.gguf")
-    mf = _rewrite(path, tmp_path / "broken.gguf", drop_key, drop_tensor, arch=ARCH)
+    mf = rewrite(path, tmp_path / "broken.gguf", drop_key, drop_tensor)
     with pytest.raises(BadInputError, match=message):
         build_model(mf, "cpu")

@@ -57,6 +57,10 @@ class ModelFile:
         self.value_types = header.value_types
         self.item_types = header.item_types
         whole = np.frombuffer(self._map, dtype=np.uint8)
+        # What the model read while it was built: a tensor or math-bearing key it did not read is refused
+        # (gufo.models.registry.check_fully_read).
+        self.used_tensors: set[str] = set()
+        self.read_keys: set[str] = set()
         self.tensors: dict[str, TensorInfo] = {}
         for raw in header.tensors:
             if raw.name in self.tensors:
@@ -93,9 +97,11 @@ class ModelFile:
         return str(self.require("general.architecture"))
 
     def get(self, key: str, default: Any = None) -> Any:
+        self.read_keys.add(key)
         return self.metadata.get(key, default)
 
     def require(self, key: str) -> Any:
+        self.read_keys.add(key)
         if key not in self.metadata:
             raise BadInputError(f"{self.label}: required metadata key '{key}' is missing")
         return self.metadata[key]
@@ -105,12 +111,17 @@ class ModelFile:
         key = f"{self.architecture}.{suffix}"
         if default is ...:
             return self.require(key)
-        return self.metadata.get(key, default)
+        return self.get(key, default)
 
     def tensor(self, name: str) -> TensorInfo:
         if name not in self.tensors:
             raise BadInputError(f"{self.label}: required tensor '{name}' is missing")
+        self.used_tensors.add(name)
         return self.tensors[name]
+
+    def optional_tensor(self, name: str) -> TensorInfo | None:
+        """The tensor when the file has it (e.g. a projection's bias), else None."""
+        return self.tensor(name) if name in self.tensors else None
 
     def type_histogram(self) -> Counter[str]:
         return Counter(t.qtype.name for t in self.tensors.values())

@@ -170,13 +170,14 @@ class CpuDecodeLayer:
     @staticmethod
     def prepare(layers: list[DecoderLayer]) -> CpuDecodePlan | None:
         """The C structs of every layer over shared scratch; None when a layer has a product this kernel
-        cannot run (a float or unsupported weight), an activation it does not know, or a collective
-        between its products (a tensor-parallel shard: the torch layer runs it per rank)."""
+        cannot run (a float or unsupported weight, a bias), an activation it does not know, or a
+        collective between its products (a tensor-parallel shard: the torch layer runs it per rank)."""
         for layer in layers:
             if layer.ffn.act_name not in ACT_CODES or any(
                 lin.kernel is not CpuInt8Linear
                 or lin.route != "cpu"
                 or getattr(lin, "after", None) is not None
+                or getattr(lin, "bias", None) is not None
                 for lin in _linears(layer)
             ):
                 return None

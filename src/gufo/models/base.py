@@ -21,12 +21,12 @@ from gufo.models.layers import (
     FusedLinear,
     Linear,
     RMSNorm,
-    Rope,
     attend_written,
     attention,
     own_kernel,
     takes_int8,
 )
+from gufo.models.rope import Rope
 from gufo.runtime.kv_cache import KVCache
 
 
@@ -68,7 +68,8 @@ class ModelConfig:
 
 
 class SelfAttention:
-    """Projections, optional per-head QK RMSNorm, RoPE, cached attention, output projection."""
+    """Projections (q, k, v as three tensors or as the converter's fused attn_qkv, each with its bias
+    when the file has one), optional per-head QK RMSNorm, RoPE, cached attention, output projection."""
 
     def __init__(
         self,
@@ -81,7 +82,12 @@ class SelfAttention:
         qk_norm: bool,
         window: int | None = None,
     ):
-        self.qkv = FusedLinear(mf, [f"{prefix}.attn_{n}.weight" for n in ("q", "k", "v")], backend)
+        if f"{prefix}.attn_qkv.weight" in mf.tensors:
+            rows = [self.query_rows(cfg), cfg.n_kv_heads * cfg.key_dim, cfg.n_kv_heads * cfg.value_dim]
+            biases = [f"{prefix}.attn_{n}.bias" for n in ("q", "k", "v")]
+            self.qkv = FusedLinear.split(mf, f"{prefix}.attn_qkv.weight", rows, backend, biases)
+        else:
+            self.qkv = FusedLinear(mf, [f"{prefix}.attn_{n}.weight" for n in ("q", "k", "v")], backend)
         self.o = Linear(mf, f"{prefix}.attn_output.weight", backend)
         eps = cfg.rms_eps
         self.q_norm = RMSNorm(mf, f"{prefix}.attn_q_norm.weight", eps, backend) if qk_norm else None
@@ -91,6 +97,11 @@ class SelfAttention:
         self.norm_rope_kernel = own_kernel(backend, "rms_norm_rope") if qk_norm else None
         self.heads_kernel = own_kernel(backend, "attention_heads")  # decode: heads into the cache at once
         self.kernels = AttentionKernels.of(backend)
+
+    @staticmethod
+    def query_rows(cfg: ModelConfig) -> int:
+        """Rows of the query projection."""
+        return cfg.n_heads * cfg.key_dim
 
     def takes_int8(self, rows: int) -> bool:
         return self.qkv.takes_int8(rows)
@@ -172,19 +183,21 @@ class GatedFFN:
     """down(act(gate(x)) * up(x)): SwiGLU with "silu", GeGLU with "gelu_tanh" (names in ACTIVATIONS)."""
 
     def __init__(self, mf: ModelFile, prefix: str, backend: str, act: str, suffix: str = ""):
-        gate, up, down = (mf.tensor(f"{prefix}.ffn_{n}{suffix}.weight") for n in ("gate", "up", "down"))
-        self._load(gate, up, down, backend, act)
+        gate, up, down = (f"{prefix}.ffn_{n}{suffix}.weight" for n in ("gate", "up", "down"))
+        self.gate_up = FusedLinear(mf, [gate, up], backend)
+        self.down = Linear(mf, down, backend)
+        self._activation(backend, act)
 
     @classmethod
-    def of(cls, gate: TensorInfo, up: TensorInfo, down: TensorInfo, backend: str, act: str) -> GatedFFN:
+    def of(cls, gate_up: FusedLinear, down: TensorInfo, backend: str, act: str) -> GatedFFN:
         """From tensors the file does not name on their own (one expert's slices of 3-D tensors)."""
         ffn = cls.__new__(cls)
-        ffn._load(gate, up, down, backend, act)
+        ffn.gate_up = gate_up
+        ffn.down = Linear.of([down], backend)
+        ffn._activation(backend, act)
         return ffn
 
-    def _load(self, gate: TensorInfo, up: TensorInfo, down: TensorInfo, backend: str, act: str) -> None:
-        self.gate_up = FusedLinear.of([gate, up], backend)
-        self.down = Linear.of([down], backend)
+    def _activation(self, backend: str, act: str) -> None:
         if act not in ACTIVATIONS:
             raise ValueError(f"unknown activation {act!r}")
         self.act_name = act
@@ -281,6 +294,7 @@ class DecoderModel:
     """Embedding -> blocks -> final norm -> output projection. Subclasses build `blocks` and `ropes`."""
 
     embedding_scale: float = 1.0
+    logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (final_logit_softcapping)
 
     def __init__(self, mf: ModelFile, cfg: ModelConfig, backend: str):
         self.config = cfg
@@ -293,6 +307,10 @@ class DecoderModel:
         self.ropes: list[Rope] = []
         self.layers: list[DecoderLayer] = []
         self._position_tables: dict[tuple[Rope, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def known_unused(self, tensor_name: str) -> bool:
+        """Whether a file tensor this model does not load is known not to change its logits."""
+        return False
 
     def new_cache(self, n_slots: int, context: int, **layout: Any) -> KVCache:
         """The cache this model runs on, on its device: KV entries for every layer, or as `layout`
@@ -364,7 +382,10 @@ class DecoderModel:
 
     def head(self, x: torch.Tensor, all_logits: bool) -> torch.Tensor:
         """The last layer's output [T, n_embd] -> logits [T, vocab], or [1, vocab] of the last token."""
-        return self.output(self.output_norm(x if all_logits else x[-1:]))
+        logits = self.output(self.output_norm(x if all_logits else x[-1:]))
+        if self.logit_softcap is None:
+            return logits
+        return torch.tanh(logits / self.logit_softcap) * self.logit_softcap
 
     def rope_tables(
         self, rope: Rope, start_pos: int | DevicePosition, n_tokens: int, cache: KVCache

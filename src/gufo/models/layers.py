@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry  # noqa: F401  (backends registers every kernel)
 from gufo.kernels.attention import TokenPositions
@@ -21,43 +22,81 @@ from gufo.runtime.kv_cache import KVCache
 
 
 class Linear:
-    """A GGUF weight matrix kept in the layout its kernel wants; the route is recorded for reports.
+    """A GGUF weight matrix kept in the layout its kernel wants, plus its bias when the file has one
+    (`<name>.bias` beside `<name>.weight`); the route is recorded for reports.
 
     Several names of the same type and input width are stacked row-wise into one matrix, so one
-    product (and one activation quantization) serves them all.
+    product (and one activation quantization) serves them all. `split_sizes` gives the rows of each
+    named matrix (a fused file tensor such as attn_qkv may name several).
     """
 
     def __init__(self, model_file: ModelFile, name: str | list[str], backend: str):
         names = [name] if isinstance(name, str) else name
-        self._load([model_file.tensor(n) for n in names], backend)
+        infos = [model_file.tensor(n) for n in names]
+        bias = stacked_bias([i.shape[0] for i in infos], [bias_of(model_file, n) for n in names])
+        self._load(infos, backend, bias)
 
     @classmethod
-    def of(cls, infos: list[TensorInfo], backend: str) -> Linear:
+    def of(
+        cls,
+        infos: list[TensorInfo],
+        backend: str,
+        bias: torch.Tensor | None = None,
+        split_sizes: list[int] | None = None,
+    ) -> Linear:
         """A Linear of tensors the file does not name on their own (slices of a 3-D expert tensor)."""
         linear = cls.__new__(cls)
-        linear._load(infos, backend)
+        linear._load(infos, backend, bias, split_sizes)
         return linear
 
-    def _load(self, infos: list[TensorInfo], backend: str) -> None:
+    def _load(
+        self,
+        infos: list[TensorInfo],
+        backend: str,
+        bias: torch.Tensor | None,
+        split_sizes: list[int] | None = None,
+    ) -> None:
         info = infos[0] if len(infos) == 1 else stack_rows(infos)
         self.name = info.name
         self.qtype = info.qtype
         self.out_features, self.in_features = info.shape
-        self.split_sizes = [i.shape[0] for i in infos]
+        self.split_sizes = split_sizes or [i.shape[0] for i in infos]
         self.route, self.kernel = registry.lookup(backend, "linear", info.qtype)
         self.weight = self.kernel.prepare(info)
-        # Tensor parallelism sets a collective on a shard's partial output (gufo.parallel.model).
+        self.bias = None if bias is None else bias.to(backends.device_of(backend))
+        # Tensor parallelism sets a collective on a shard's partial output (gufo.parallel.model); the
+        # bias is added after it, once.
         self.after: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __call__(self, x: torch.Tensor | Int8Rows) -> torch.Tensor:
         y = self.kernel.apply(x, self.weight)
-        return y if self.after is None else self.after(y)
+        y = y if self.after is None else self.after(y)
+        return y if self.bias is None else y + self.bias
 
     def takes_int8(self, rows: int) -> bool:
         """Whether this product of `rows` rows may be given them as `Int8Rows` (the kernel that makes
         them quantizes as it writes: one launch fewer)."""
         takes = getattr(self.kernel, "takes_int8", None)
         return takes is not None and takes(self.weight, rows)
+
+
+def bias_of(model_file: ModelFile, weight_name: str) -> TensorInfo | None:
+    """The bias the file stores beside a weight matrix (`X.bias` for `X.weight`), if any."""
+    stem = weight_name.removesuffix(".weight")
+    return model_file.optional_tensor(f"{stem}.bias") if stem != weight_name else None
+
+
+def stacked_bias(rows: list[int], biases: list[TensorInfo | None]) -> torch.Tensor | None:
+    """The biases of row-stacked matrices of `rows` rows each as one float32 vector (zeros for a
+    matrix without one), or None when none has a bias."""
+    if all(b is None for b in biases):
+        return None
+    parts = []
+    for n, bias in zip(rows, biases, strict=True):
+        if bias is not None and bias.n_elements != n:
+            raise BadInputError(f"tensor {bias.name} has {bias.n_elements} values, expected {n}")
+        parts.append(torch.zeros(n) if bias is None else dequantize_tensor(bias).reshape(-1))
+    return torch.cat(parts).contiguous()
 
 
 def stack_rows(infos: list[TensorInfo]) -> TensorInfo:
@@ -71,19 +110,52 @@ class FusedLinear:
     """Weights that read the same input, merged per block format into as few products as possible."""
 
     def __init__(self, model_file: ModelFile, names: list[str], backend: str):
-        self._fuse([model_file.tensor(name) for name in names], backend)
+        infos = [model_file.tensor(name) for name in names]
+        self._fuse(infos, backend, [bias_of(model_file, name) for name in names])
 
     @classmethod
     def of(cls, infos: list[TensorInfo], backend: str) -> FusedLinear:
         fused = cls.__new__(cls)
-        fused._fuse(infos, backend)
+        fused._fuse(infos, backend, [None] * len(infos))
         return fused
 
-    def _fuse(self, infos: list[TensorInfo], backend: str) -> None:
+    @classmethod
+    def split(
+        cls, model_file: ModelFile, name: str, split_sizes: list[int], backend: str, biases: list[str]
+    ) -> FusedLinear:
+        """One file tensor that stacks several matrices (e.g. attn_qkv, written by the converter's
+        --fuse-qkv) in one product, its output split by rows; its bias is `<name>.bias`, or else the
+        parts' own `biases` (names, each optional)."""
+        info = model_file.tensor(name)
+        if info.shape[0] != sum(split_sizes):
+            raise BadInputError(
+                f"{model_file.label}: tensor {name} has {info.shape[0]} rows, expected {sum(split_sizes)}"
+            )
+        whole = bias_of(model_file, name)
+        if whole is not None:
+            bias = stacked_bias([info.shape[0]], [whole])
+        else:
+            bias = stacked_bias(split_sizes, [model_file.optional_tensor(b) for b in biases])
+        return cls.stacked(info, split_sizes, backend, bias)
+
+    @classmethod
+    def stacked(
+        cls, info: TensorInfo, split_sizes: list[int], backend: str, bias: torch.Tensor | None = None
+    ) -> FusedLinear:
+        """One matrix whose rows stack the named matrices of `split_sizes` rows (one product)."""
+        fused = cls.__new__(cls)
+        fused.parts = [Linear.of([info], backend, bias, split_sizes)]
+        fused.order = list(range(len(split_sizes)))
+        return fused
+
+    def _fuse(self, infos: list[TensorInfo], backend: str, biases: list[TensorInfo | None]) -> None:
         by_type: dict[object, list[int]] = {}
         for i, info in enumerate(infos):
             by_type.setdefault((info.qtype, info.shape[1]), []).append(i)
-        self.parts = [Linear.of([infos[i] for i in group], backend) for group in by_type.values()]
+        self.parts = []
+        for group in by_type.values():
+            bias = stacked_bias([infos[i].shape[0] for i in group], [biases[i] for i in group])
+            self.parts.append(Linear.of([infos[i] for i in group], backend, bias))
         grouped = [i for group in by_type.values() for i in group]
         self.order = [grouped.index(i) for i in range(len(infos))]
 
@@ -166,25 +238,6 @@ def own_kernel(backend: str, op: str) -> Any:
     (the caller then composes the unfused kernels, which keeps that backend's numbers as they were)."""
     route, kernel = registry.lookup(backend, op)
     return kernel if route == backend else None
-
-
-@dataclass(frozen=True)
-class Rope:
-    """Rotary embedding. `neox` rotates halves (x[i], x[i+d/2]); otherwise adjacent pairs (GGML mode 0)."""
-
-    dim: int
-    base: float
-    neox: bool
-    scale: float = 1.0  # linear position scaling (positions are divided by it)
-
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin per rotated column, [T, dim], laid out to match `rotated`."""
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.dim, 2, dtype=torch.float64) / self.dim))
-        angles = positions.to(torch.float64)[:, None] / self.scale * inv_freq[None, :]
-        cos, sin = angles.cos().to(torch.float32), angles.sin().to(torch.float32)
-        if self.neox:
-            return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
-        return cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
 
 
 @dataclass(frozen=True)
@@ -314,5 +367,6 @@ def attend_written(
     return _decode_rows(decode, q, keys, values, position.index, spans, scale, window).to(q.dtype)
 
 
-def default_attention_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+def attention_scale(mf: ModelFile, head_dim: int) -> float:
+    """The file's `attention.scale`, else 1 / sqrt(head_dim)."""
+    return float(mf.arch_key("attention.scale", 0.0)) or 1.0 / math.sqrt(head_dim)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from gufo.gguf.model_file import ModelFile
 from gufo.models.base import DecoderLayer, DecoderModel, ModelConfig, SelfAttention
-from gufo.models.layers import Rope, default_attention_scale
+from gufo.models.layers import attention_scale
 from gufo.models.registry import register_architecture
+from gufo.models.rope import rope_from_file
 
 
 @register_architecture("llama")
@@ -17,12 +18,9 @@ class LlamaModel(DecoderModel):
         cfg = ModelConfig.from_file(mf)
         super().__init__(mf, cfg, backend)
         rope_dim = int(mf.arch_key("rope.dimension_count", cfg.key_dim))
-        scale = 1.0
-        if mf.arch_key("rope.scaling.type", "none") == "linear":
-            scale = float(mf.arch_key("rope.scaling.factor", 1.0))
-        self.rope = Rope(rope_dim, float(mf.arch_key("rope.freq_base", 10000.0)), self.rope_neox, scale)
+        self.rope = rope_from_file(mf, rope_dim, self.rope_neox, 10000.0)
         self.ropes = [self.rope]
-        attn_scale = default_attention_scale(cfg.key_dim)
+        attn_scale = attention_scale(mf, cfg.key_dim)
         self.layers = [
             DecoderLayer(
                 mf,

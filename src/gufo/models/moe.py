@@ -15,7 +15,7 @@ import torch
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.models.base import GatedFFN
-from gufo.models.layers import Linear
+from gufo.models.layers import FusedLinear, Linear
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,16 @@ class MoEFFN:
             )
         self.router = Linear.of([router], backend)
         ff, n = shape.expert_ff, shape.n_experts
-        gates = expert_slices(mf, f"{prefix}.ffn_gate_exps.weight", ff, n_embd, n)
-        ups = expert_slices(mf, f"{prefix}.ffn_up_exps.weight", ff, n_embd, n)
+        fused = f"{prefix}.ffn_gate_up_exps.weight"  # the converter's --fuse-gate-up-exps: gate rows, then up
+        if fused in mf.tensors:
+            slices = expert_slices(mf, fused, 2 * ff, n_embd, n)
+            gate_ups = [FusedLinear.stacked(info, [ff, ff], backend) for info in slices]
+        else:
+            gates = expert_slices(mf, f"{prefix}.ffn_gate_exps.weight", ff, n_embd, n)
+            ups = expert_slices(mf, f"{prefix}.ffn_up_exps.weight", ff, n_embd, n)
+            gate_ups = [FusedLinear.of([g, u], backend) for g, u in zip(gates, ups, strict=True)]
         downs = expert_slices(mf, f"{prefix}.ffn_down_exps.weight", n_embd, ff, n)
-        self.experts = [GatedFFN.of(*w, backend, "silu") for w in zip(gates, ups, downs, strict=True)]
+        self.experts = [GatedFFN.of(gu, d, backend, "silu") for gu, d in zip(gate_ups, downs, strict=True)]
         self.shared: GatedFFN | None = None
         if f"{prefix}.ffn_up_shexp.weight" in mf.tensors:
             self.shared = GatedFFN(mf, prefix, backend, "silu", suffix="_shexp")

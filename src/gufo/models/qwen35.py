@@ -1,6 +1,8 @@
 """`qwen35` architecture (dense Qwen3.5): a hybrid of Gated DeltaNet and gated full attention.
 
-Layer i is full attention when (i + 1) % full_attention_interval == 0, else Gated DeltaNet linear
+Layer i is Gated DeltaNet linear attention where `attention.recurrent_layers` (one boolean per layer,
+llama.cpp reads it first) says so; without that key, layer i is full attention when
+(i + 1) % full_attention_interval == 0, else Gated DeltaNet linear
 attention. Both are followed by the SwiGLU FFN, pre-norm, residual (the pre-FFN norm is named
 post_attention_norm). Layout and weight transforms are those of llama.cpp's converter:
 
@@ -35,11 +37,11 @@ from gufo.models.layers import (
     FusedLinear,
     Linear,
     RMSNorm,
-    Rope,
-    default_attention_scale,
+    attention_scale,
     vector,
 )
 from gufo.models.registry import register_architecture
+from gufo.models.rope import Rope, rope_from_file
 from gufo.runtime.kv_cache import KVCache
 from gufo.runtime.recurrent_state import RecurrentShape, RecurrentState
 
@@ -153,8 +155,14 @@ class GatedAttention(SelfAttention):
     """Full attention whose query projection also yields a per-head output gate (sigmoid)."""
 
     def __init__(self, mf: ModelFile, prefix: str, cfg: ModelConfig, backend: str, rope: Rope):
-        _check_shape(mf, f"{prefix}.attn_q.weight", (2 * cfg.n_heads * cfg.key_dim, cfg.n_embd))
-        super().__init__(mf, prefix, cfg, backend, rope, default_attention_scale(cfg.key_dim), qk_norm=True)
+        if f"{prefix}.attn_qkv.weight" not in mf.tensors:
+            _check_shape(mf, f"{prefix}.attn_q.weight", (self.query_rows(cfg), cfg.n_embd))
+        super().__init__(mf, prefix, cfg, backend, rope, attention_scale(mf, cfg.key_dim), qk_norm=True)
+
+    @staticmethod
+    def query_rows(cfg: ModelConfig) -> int:
+        """Rows of the query projection: each head's query, then its gate."""
+        return 2 * cfg.n_heads * cfg.key_dim
 
     def __call__(
         self,
@@ -172,6 +180,21 @@ class GatedAttention(SelfAttention):
         return self.o(out * torch.sigmoid(gate.reshape(n, -1)))
 
 
+def recurrent_layers(mf: ModelFile, n_layers: int) -> tuple[int, ...]:
+    """The trunk's DeltaNet layers (llama.cpp's order: the per-layer list, then the interval)."""
+    interval = int(mf.arch_key("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL))
+    flags = mf.arch_key("attention.recurrent_layers", None)
+    if flags is not None:
+        if not isinstance(flags, list) or len(flags) < n_layers:
+            raise BadInputError(
+                f"{mf.label}: attention.recurrent_layers must list each of the {n_layers} layers"
+            )
+        return tuple(i for i in range(n_layers) if flags[i])
+    if interval <= 0:
+        raise BadInputError(f"{mf.label}: full_attention_interval must be positive, got {interval}")
+    return tuple(i for i in range(n_layers) if (i + 1) % interval)
+
+
 @register_architecture("qwen35")
 class Qwen35Model(DecoderModel):
     delta_net: type[GatedDeltaNet] = GatedDeltaNet  # the linear-attention mixer (its file layout)
@@ -181,13 +204,11 @@ class Qwen35Model(DecoderModel):
         cfg.n_layers -= int(mf.arch_key("nextn_predict_layers", 0))
         super().__init__(mf, cfg, backend)
         self.delta_shape = DeltaNetShape.from_file(mf)
-        interval = int(mf.arch_key("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL))
-        if interval <= 0:
-            raise BadInputError(f"{mf.label}: full_attention_interval must be positive, got {interval}")
+        self.recurrent_layers = recurrent_layers(mf, cfg.n_layers)
         rope_dim = int(mf.arch_key("rope.dimension_count", cfg.key_dim))
-        self.rope = Rope(rope_dim, float(mf.arch_key("rope.freq_base", 10_000_000.0)), neox=True)
+        mf.arch_key("rope.dimension_sections", None)  # one text position rotates every section alike
+        self.rope = rope_from_file(mf, rope_dim, True, 10_000_000.0)
         self.ropes = [self.rope]
-        self.recurrent_layers = tuple(i for i in range(cfg.n_layers) if (i + 1) % interval)
         for i in range(cfg.n_layers):
             prefix = f"blk.{i}"
             if i in self.recurrent_layers:
@@ -197,6 +218,11 @@ class Qwen35Model(DecoderModel):
             ffn = self.feed_forward(mf, prefix, backend)
             layer = DecoderLayer(mf, i, cfg, backend, mixer, "silu", False, "post_attention_norm", ffn)
             self.layers.append(layer)
+
+    def known_unused(self, tensor_name: str) -> bool:
+        """The multi-token-prediction blocks after the trunk (not run: no MTP speculation yet)."""
+        parts = tensor_name.split(".")
+        return parts[0] == "blk" and int(parts[1]) >= self.config.n_layers
 
     def feed_forward(self, mf: ModelFile, prefix: str, backend: str) -> Any:
         """The block's FFN; None is DecoderLayer's dense SwiGLU."""

@@ -11,6 +11,73 @@ from gufo.gguf.model_file import ModelFile
 from gufo.quant import unsupported_reason
 
 ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3", "qwen35", "qwen3next")
+
+# Metadata (after `<architecture>.`) that changes the math where llama.cpp's loader reads it. A model
+# reads the ones it implements while it is built; any other one present in a file is refused by name
+# (docs/models.md lists what each architecture implements).
+MATH_KEYS = frozenset(
+    [
+        "activation.situ_beta",
+        "activation.situ_linear_beta",
+        "swiglu_clamp_exp",
+        "swiglu_clamp_shexp",
+        "use_parallel_residual",
+        "expert_shared_count",
+        "expert_group_count",
+        "expert_group_used_count",
+        "expert_weights_scale",
+        "expert_weights_norm",
+        "expert_gating_func",
+        "expert_group_scale",
+        "experts_per_group",
+        "moe_every_n_layers",
+        "leading_dense_block_count",
+        "interleave_moe_layer_step",
+        "nextn_predict_layers",
+        "logit_scale",
+        "attn_logit_softcapping",
+        "router_logit_softcapping",
+        "final_logit_softcapping",
+        "residual_scale",
+        "embedding_scale",
+        "rescale_every_n_layers",
+        "full_attention_interval",
+        "num_loops",
+        "attention.max_alibi_bias",
+        "attention.clamp_kqv",
+        "attention.causal",
+        "attention.sliding_window",
+        "attention.sliding_window_pattern",
+        "attention.rope_pattern",
+        "attention.scale",
+        "attention.output_scale",
+        "attention.value_scale",
+        "attention.temperature_length",
+        "attention.temperature_scale",
+        "attention.key_length_swa",
+        "attention.value_length_swa",
+        "attention.recurrent_layers",
+        "attention.shared_kv_layers",
+        "rope.dimension_count",
+        "rope.dimension_count_swa",
+        "rope.dimension_sections",
+        "rope.freq_base",
+        "rope.freq_base_swa",
+        "rope.scale_linear",
+        "rope.scaling.type",
+        "rope.scaling.factor",
+        "rope.scaling.alpha",
+        "rope.scaling.attn_factor",
+        "rope.scaling.original_context_length",
+        "rope.scaling.yarn_log_multiplier",
+        "rope.scaling.yarn_ext_factor",
+        "rope.scaling.yarn_attn_factor",
+        "rope.scaling.yarn_beta_fast",
+        "rope.scaling.yarn_beta_slow",
+        "ssm.dt_b_c_rms",
+        "norm_before_residual",
+    ]
+)
 _ARCHITECTURES: dict[str, Callable[[ModelFile, str], Any]] = {}
 
 
@@ -44,11 +111,34 @@ def check_supported_types(mf: ModelFile) -> None:
             raise BadInputError(f"{mf.label}: tensor {info.name}: {reason}")
 
 
+def check_fully_read(mf: ModelFile, model: Any) -> None:
+    """Refuse, naming it, a tensor the model did not load (unless the model knows it is unused, e.g.
+    multi-token-prediction blocks) or a math-bearing key it did not read: either would change the
+    logits llama.cpp computes from the file, so running without it would be silently wrong."""
+    for name in mf.tensors:
+        if name not in mf.used_tensors and not model.known_unused(name):
+            raise BadInputError(
+                f"{mf.label}: tensor {name} is not used by gufo's {mf.architecture} model "
+                "(running without it would give wrong logits)"
+            )
+    prefix = f"{mf.architecture}."
+    for key in mf.metadata:
+        if key.startswith(prefix) and key[len(prefix) :] in MATH_KEYS and key not in mf.read_keys:
+            raise BadInputError(
+                f"{mf.label}: metadata key {key} = {mf.metadata[key]!r} is not implemented for "
+                f"{mf.architecture} (running without it would give wrong logits)"
+            )
+
+
 def build_model(mf: ModelFile, backend: str, tensor_parallel: Any = None) -> Any:
-    """The model, or this rank's shard of it when given a gufo.parallel TensorParallel group."""
+    """The model, or this rank's shard of it when given a gufo.parallel TensorParallel group; refused
+    when the file holds a tensor or math-bearing key the model does not implement."""
     architecture = _ARCHITECTURES[check_architecture(mf)]
     if tensor_parallel is None:
-        return architecture(mf, backend)
-    from gufo.parallel.model import build_sharded
+        model = architecture(mf, backend)
+    else:
+        from gufo.parallel.model import build_sharded
 
-    return build_sharded(architecture, mf, backend, tensor_parallel)
+        model = build_sharded(architecture, mf, backend, tensor_parallel)
+    check_fully_read(mf, model)
+    return model

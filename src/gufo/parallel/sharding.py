@@ -69,6 +69,10 @@ class ShardLayout:
             "ffn_up.weight": Split(ROWS, self.n_ff // w),
             "ffn_down.weight": Split(COLUMNS, self.n_ff // w),
         }
+        # the biases of row-split products split with their rows; those of column-split products
+        # (attn_output, ffn_down) are replicated and added once, after the all-reduce
+        for stem in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+            rules[f"{stem}.bias"] = rules[f"{stem}.weight"]
         if name == OUTPUT:
             return Split(ROWS, self.vocab_shard)
         if name.startswith("blk."):
@@ -157,6 +161,10 @@ def shard(info: TensorInfo, split: Split, rank: int) -> TensorInfo:
     start = rank // split.replicas * split.size
     stop = min(start + split.size, info.shape[split.axis])
     data = info.data.reshape(-1, info.data.shape[-1])
+    if len(info.shape) == 1:  # a bias: whole elements
+        width = info.n_bytes // info.shape[0]
+        part = info.data[start * width : stop * width]
+        return TensorInfo(info.name, info.qtype, (stop - start,), -1, part.nbytes, part)
     if split.axis == ROWS:
         part = data[start:stop]
         shape = (stop - start, info.shape[1])
@@ -181,6 +189,9 @@ class ShardedModelFile:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
+
+    def optional_tensor(self, name: str) -> TensorInfo | None:
+        return self.tensor(name) if name in self.tensors else None
 
     def tensor(self, name: str) -> TensorInfo:
         info = self.base.tensor(output_source(self.base) if name == OUTPUT else name)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from gufo.models.base import DecoderLayer, DecoderModel, GatedFFN, SelfAttention
-from gufo.models.layers import Rope, attend_cached
+from gufo.models.layers import attend_cached
+from gufo.models.rope import Rope
 from gufo.runtime.cuda_graph import record
 from gufo.runtime.kv_cache import KVCache
 

@@ -1,0 +1,177 @@
+"""Files made by llama.cpp's own converter from tiny random transformers models (tests/models/converted.py)
+must give transformers' float32 logits at every position, top-1 equal: the rope scalings the converter
+writes (llama3's rope_freqs, YaRN, linear), projection biases, Gemma 3 27B's attention scale, and the
+fused tensors of --fuse-qkv / --fuse-gate-up-exps. Positions run past each scaling's original context.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from converted import convert, gufo_logits, hf_logits, randomize
+from gguf_rewrite import rewrite
+
+from gufo.errors import BadInputError
+from gufo.gguf.model_file import open_model_file
+from gufo.models.registry import build_model
+from gufo.quality.validate_prefill import validate_prefill
+from gufo.runtime.engine import Engine
+from tests.conftest import gufo
+
+transformers = pytest.importorskip("transformers")
+
+SEQ = 64
+ORIGINAL_CONTEXT = 16  # the scalings' original context: positions 16..63 lie past it
+# float32 through 2 blocks of 64-wide products over a 256-token vocabulary: the two engines differ by
+# summation order only (~1e-6 here); 1e-3 is the issue's bound, far below any scaling's effect (>= 0.5)
+TOLERANCE = 1e-3
+
+
+def llama(**extra) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        **extra,
+    )  # fmt: skip
+
+
+def qwen3(**extra) -> transformers.Qwen3Config:
+    return transformers.Qwen3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, **extra,
+    )  # fmt: skip
+
+
+def yarn(theta: float) -> dict:
+    return {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL_CONTEXT,
+            "rope_theta": theta}  # fmt: skip
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": ORIGINAL_CONTEXT, "rope_theta": 10000.0}  # fmt: skip
+
+CASES = {
+    "llama-llama3": (transformers.LlamaForCausalLM, llama(rope_parameters=LLAMA3), ()),
+    "llama-yarn": (transformers.LlamaForCausalLM, llama(rope_parameters=yarn(500.0)), ()),
+    "qwen3-yarn": (transformers.Qwen3ForCausalLM, qwen3(rope_parameters=yarn(10000.0)), ()),
+    "llama-linear": (
+        transformers.LlamaForCausalLM,
+        llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+        (),
+    ),
+    "llama-biases": (transformers.LlamaForCausalLM, llama(attention_bias=True, mlp_bias=True), ()),
+    "llama-fuse-qkv-biases": (transformers.LlamaForCausalLM, llama(attention_bias=True), ("--fuse-qkv",)),
+    "qwen3-fuse-qkv": (transformers.Qwen3ForCausalLM, qwen3(), ("--fuse-qkv",)),
+    # Gemma 3 27B's rule: 62 layers, query_pre_attn_scalar = hidden / heads (16) != head_dim (32)
+    "gemma3-62-layers": (
+        transformers.Gemma3ForCausalLM,
+        transformers.Gemma3TextConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=62,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=32,
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+        ),
+        (),
+    ),  # fmt: skip
+}
+
+
+GPT2_VOCAB = 50257  # ggml-vocab-gpt-2.gguf's size
+
+
+# The hybrids, whose converter takes only BPE vocabularies: (architecture, full-attention interval, flags)
+HYBRIDS = {
+    "qwen35": ("qwen35", 4, ("--no-mtp",)),
+    "qwen3next-fuse-gate-up-exps": ("qwen3next", 2, ("--fuse-gate-up-exps", "--no-mtp")),
+}
+
+
+@pytest.fixture(scope="module", params=[*CASES, *HYBRIDS])
+def converted(request, tmp_path_factory, shared_dir):
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param in HYBRIDS:
+        from qwen35_gguf import tiny_hf_model  # its weight scales keep every DeltaNet and expert in play
+
+        arch, interval, flags = HYBRIDS[request.param]
+        model = tiny_hf_model(interval, arch=arch, vocab=GPT2_VOCAB)
+        return model, convert(model, folder, *flags, gpt2_vocab=shared_dir / "vocab/ggml-vocab-gpt-2.gguf")
+    cls, config, flags = CASES[request.param]
+    model = randomize(cls(config))
+    return model, convert(model, folder, *flags)
+
+
+def tokens(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (SEQ,), generator=torch.Generator().manual_seed(1))
+
+
+ON_GPU = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))
+
+
+@pytest.mark.parametrize("backend", ["cpu", ON_GPU])
+def test_logits_match_transformers_at_every_position(converted, backend):
+    """On the GPU through the Triton RoPE (fused QK norm + RoPE), norm and attention kernels."""
+    model, path = converted
+    ids = tokens(model.config.vocab_size)
+    want, got = hf_logits(model, ids), gufo_logits(path, backend, ids)
+    assert got.shape == want.shape
+    assert float((got - want).abs().max()) <= TOLERANCE
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_GPU])
+def test_validate_prefill_passes(converted, device):
+    """On the GPU: decode steps replayed from CUDA graphs against chunked prefill."""
+    _, path = converted
+    engine = Engine(path, device=device, context=SEQ, batch_size=24)  # 24 + 24 + 16: uneven chunks
+    result = validate_prefill(engine, SEQ)
+    assert result.passed, result.lines()
+
+
+def architecture(path) -> str:
+    return open_model_file(path).architecture
+
+
+def test_an_unused_tensor_is_refused_by_name(converted, tmp_path):
+    """A math-bearing tensor gufo does not implement (attention sinks, as gpt-oss has) is an error."""
+    _, path = converted
+    extra = {"blk.0.attn_sinks.weight": np.ones(4, dtype=np.float32)}
+    mf = rewrite(path, tmp_path / "extra.gguf", tensors=extra)
+    with pytest.raises(BadInputError, match=r"tensor blk\.0\.attn_sinks\.weight is not used"):
+        build_model(mf, "cpu")
+
+
+def test_an_unimplemented_math_key_is_refused_by_name(converted, tmp_path):
+    _, path = converted
+    key = f"{architecture(path)}.attn_logit_softcapping"  # gemma2's, implemented by none of these
+    mf = rewrite(path, tmp_path / "extra.gguf", keys={key: (50.0, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(BadInputError, match=f"metadata key {key} = 50.0 is not implemented"):
+        build_model(mf, "cpu")
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("rope.scaling.type", "longrope", "rope scaling type 'longrope' is not supported"),
+        ("rope.scaling.yarn_log_multiplier", 0.5, "yarn_log_multiplier = 0.5 is not implemented for llama"),
+        ("attention.temperature_scale", 0.5, "attention.temperature_scale = 0.5 is not implemented"),
+    ],
+)
+def test_the_cli_refuses_an_unimplemented_key_in_one_line(capsys, tmp_path, key, value, message):
+    model = randomize(transformers.LlamaForCausalLM(llama()))
+    path = convert(model, tmp_path)
+    kind = gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.FLOAT32
+    rewrite(path, tmp_path / "extra.gguf", keys={f"llama.{key}": (value, kind)})
+    capsys.readouterr()  # what saving the transformers model printed
+    code, _, err = gufo(capsys, "run", "-m", str(tmp_path / "extra.gguf"), "-p", "the", "-n", "1")
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
