@@ -17,6 +17,7 @@ import pytest
 from gufo.runtime.engine import Engine
 from gufo.server.app import listen, make_server
 from gufo.server.settings import ServerSettings
+from tests.conftest import HANG_GUARD_S
 
 MODEL = "smollm2-135m"
 CONTEXT = 512
@@ -34,7 +35,10 @@ class LiveServer:
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(
-            base_url=f"{self.base_url}/v1", api_key=self.api_key or "none", max_retries=0, timeout=120
+            base_url=f"{self.base_url}/v1",
+            api_key=self.api_key or "none",
+            max_retries=0,
+            timeout=HANG_GUARD_S,
         )
 
     def request(
@@ -46,7 +50,7 @@ class LiveServer:
         all_headers.update(headers or {})
         req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=all_headers)
         try:
-            with urllib.request.urlopen(req, timeout=120) as response:
+            with urllib.request.urlopen(req, timeout=HANG_GUARD_S) as response:
                 status, raw = response.status, response.read()
         except urllib.error.HTTPError as err:
             status, raw = err.code, err.read()
@@ -78,7 +82,7 @@ def live_server(
     thread.start()
     live = LiveServer(f"http://127.0.0.1:{port}", settings.api_key)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_GUARD_S
         while not server.started:
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.05)
@@ -88,7 +92,15 @@ def live_server(
         yield live
     finally:
         server.should_exit = True
-        thread.join(60)
+        thread.join(HANG_GUARD_S)
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    """Poll `condition` until it holds; the guard catches a hang, it is no bound on speed."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 def assert_error(status: int, body: object, expected: int, code: str | None = None) -> dict:

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from gufo.server.app import listen
-from tests.conftest import gufo
+from tests.conftest import HANG_GUARD_S, gufo
 from tests.server.conftest import MODEL
 
 
@@ -55,10 +55,10 @@ def start_serve(*flags: str) -> tuple[subprocess.Popen, str]:
     match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
     assert match, line
     url = f"http://127.0.0.1:{match.group(1)}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_GUARD_S
     while True:
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+            with urllib.request.urlopen(f"{url}/health", timeout=HANG_GUARD_S) as response:
                 assert json.load(response) == {"status": "ok"}
                 return proc, url
         except urllib.error.HTTPError as err:
@@ -69,10 +69,10 @@ def start_serve(*flags: str) -> tuple[subprocess.Popen, str]:
 def test_serve_process_answers_and_stops_on_interrupt():
     proc, url = start_serve()
     try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=HANG_GUARD_S) as response:
             assert [m["id"] for m in json.load(response)["data"]] == [MODEL]
         proc.send_signal(signal.SIGINT)  # uvicorn shuts down, then the CLI reports the interrupt
-        assert proc.wait(timeout=60) == 130
+        assert proc.wait(timeout=HANG_GUARD_S) == 130
         err = proc.stderr.read()
         assert "Traceback" not in err and err.rstrip().endswith("gufo: interrupted")
     finally:
@@ -87,7 +87,7 @@ def sse_events(url: str, body: dict, first_text: threading.Event, out: list) -> 
         f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     events = []
-    with urllib.request.urlopen(request, timeout=120) as response:
+    with urllib.request.urlopen(request, timeout=HANG_GUARD_S) as response:
         for raw in response:
             line = raw.decode().strip()
             if line.startswith("data: "):
@@ -103,7 +103,7 @@ def plain_reply(url: str, body: dict, out: list) -> None:
         f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:
+        with urllib.request.urlopen(request, timeout=HANG_GUARD_S) as response:
             out.append((response.status, json.load(response)))
     except urllib.error.HTTPError as err:
         out.append((err.code, json.load(err)))
@@ -123,11 +123,12 @@ def test_sigterm_ends_running_requests_cleanly_and_frees_the_port():
         ]
         for thread in threads:
             thread.start()
-        assert first_text.wait(120)
+        assert first_text.wait(HANG_GUARD_S)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == -signal.SIGTERM  # uvicorn re-raises the signal once it is done
+        # uvicorn re-raises the signal once it is done, so the process ends by it
+        assert proc.wait(timeout=HANG_GUARD_S) == -signal.SIGTERM
         for thread in threads:
-            thread.join(60)
+            thread.join(HANG_GUARD_S)
         events = streamed[0]
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
 
 from gufo.server.settings import ServerSettings
-from tests.server.conftest import MODEL, assert_error, live_server, load_engine
+from tests.server.conftest import MODEL, assert_error, live_server, load_engine, wait_for
 
 PROMPTS = ["Tell me about cats.", "What is rain?", "Count to five.", "Describe a tree."]
 ARGS = {"model": MODEL, "temperature": 0, "max_tokens": 10, "extra_body": {"cache_prompt": False}}
@@ -27,13 +25,6 @@ def messages(prompt: str) -> list[dict]:
 
 def text_of(stream) -> str:
     return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-
-
-def wait_for(condition, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_four_streams_equal_sequential_and_fifth_gets_429(server):

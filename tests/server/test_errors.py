@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gufo.server.settings import ServerSettings
+from tests.conftest import HANG_GUARD_S
 from tests.server.conftest import MODEL, assert_error, live_server, load_engine
 
 KEY = "test-key"
@@ -89,7 +90,7 @@ def test_503_while_loading_then_after_a_failed_load():
     release = threading.Event()
 
     def slow_failing_load():
-        release.wait(60)
+        release.wait(HANG_GUARD_S)
         raise RuntimeError("test: no model")
 
     with live_server(ServerSettings(MODEL), slow_failing_load, wait_ready=False) as live:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from gufo.runtime.engine import Engine
 from gufo.server.settings import ServerSettings
+from tests.conftest import HANG_GUARD_S
 from tests.server.conftest import MODEL, assert_error, live_server, load_engine
 
 CHAT = "/v1/chat/completions"
@@ -187,7 +188,7 @@ def test_a_fault_in_one_request_fails_only_that_request(server):
     body = {"model": MODEL, "prompt": [1, POISON, 2], "max_tokens": 2, "cache_prompt": False}
     error = assert_error(*server.request("POST", COMPLETIONS, body), 500)
     assert error["type"] == "server_error" and "a fault in one request" in error["message"]
-    thread.join(120)
+    thread.join(HANG_GUARD_S)
     assert cats and cats[0]["choices"][0]["text"] == cats_alone["choices"][0]["text"]
     again = greedy(server, prompt)  # the cached prefix survived: same reuse, same text
     assert again["usage"]["prompt_tokens_details"] == reused["usage"]["prompt_tokens_details"]
@@ -197,7 +198,7 @@ def test_a_fault_in_one_request_fails_only_that_request(server):
 
 def raw_connection(server) -> socket.socket:
     port = int(server.base_url.rsplit(":", 1)[1])
-    return socket.create_connection(("127.0.0.1", port), timeout=60)  # a hang guard, not a bound
+    return socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD_S)
 
 
 def test_slow_headers_are_cut_off(server):

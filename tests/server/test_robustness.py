@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections import Counter
 
 import pytest
@@ -18,7 +17,8 @@ from gufo.runtime.sampling import Sampler, SamplingParams
 from gufo.server.schemas import ChatCompletionRequest
 from gufo.server.settings import ServerSettings
 from gufo.tokenizer import chat
-from tests.server.conftest import MODEL, assert_error, live_server, load_engine
+from tests.conftest import HANG_GUARD_S
+from tests.server.conftest import MODEL, assert_error, live_server, load_engine, wait_for
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -44,13 +44,6 @@ def greedy_chat(server, content: str, max_tokens: int) -> str:
     )
     assert status == 200, body
     return body["choices"][0]["message"]["content"]
-
-
-def wait_for(condition, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 BAD_CHAT = [
@@ -101,7 +94,9 @@ BAD_COMPLETIONS = [
 def stream_text(server, prompt: str, max_tokens: int, started: threading.Event, out: list) -> None:
     """A raw SSE stream's text and last finish reason; `started` is set at the first content chunk."""
     body = chat_body(prompt, temperature=0, max_tokens=max_tokens, stream=True, cache_prompt=False)
-    conn = socket.create_connection(("127.0.0.1", int(server.base_url.rsplit(":", 1)[1])), timeout=120)
+    conn = socket.create_connection(
+        ("127.0.0.1", int(server.base_url.rsplit(":", 1)[1])), timeout=HANG_GUARD_S
+    )
     payload = json.dumps(body).encode()
     conn.sendall(
         f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -140,7 +135,7 @@ def test_bad_requests_get_400_while_two_streams_run_unchanged(server, reference_
     for thread in threads:
         thread.start()
     for event in started:
-        assert event.wait(120)
+        assert event.wait(HANG_GUARD_S)
     for fields, param in BAD_CHAT:
         error = assert_error(*server.request("POST", CHAT, chat_body(**{"max_tokens": 2, **fields})), 400)
         assert error["param"].split(".")[0] == param and error["type"] == "invalid_request_error", fields
@@ -159,7 +154,7 @@ def test_bad_requests_get_400_while_two_streams_run_unchanged(server, reference_
         status, body = server.request("POST", CHAT, chat_body(**fields))
         assert status == 200 and body["choices"][0]["message"]["content"] == greedy, body
     for thread in threads:
-        thread.join(120)
+        thread.join(HANG_GUARD_S)
     assert [r[0][0] for r in results] == alone
     assert all(r[0][2][-1] == "[DONE]" and r[0][1] in ("stop", "length") for r in results)
     # Served correctly afterwards: the same greedy text as gufo's Engine.
