@@ -186,3 +186,12 @@ def test_the_cli_refuses_an_unimplemented_key_in_one_line(capsys, tmp_path, key,
     code, _, err = gufo(capsys, "run", "-m", str(tmp_path / "extra.gguf"), "-p", "the", "-n", "1")
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_biases_under_tensor_parallelism_match_one_process(tmp_path):
+    """Two gloo ranks: q/k/v and gate/up biases split with their rows, attention-output and FFN-down
+    biases added once after the all-reduce; the bound is test_tp_equivalence's float32 argument."""
+    from tests.parallel.test_tp_equivalence import check_equal
+
+    model = randomize(transformers.LlamaForCausalLM(llama(attention_bias=True, mlp_bias=True)))
+    check_equal(convert(model, tmp_path), 2, [1, 5, 9, 3, 7, 2, 11, 4, 30, 17], tmp_path)
