@@ -9,7 +9,8 @@ import pytest
 
 from gufo.bench.compare import Measurement, change, compare_runs
 from gufo.bench.report import make_record
-from gufo.bench.runner import BenchTest, Timing
+from gufo.bench.runner import Timing
+from gufo.bench.workload import BenchTest
 from gufo.cli.main import main
 from tests.bench.test_report import BUILD, RUN
 

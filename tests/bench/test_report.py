@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from gufo.bench.report import ftype_name, make_printer, make_record
-from gufo.bench.runner import BenchTest, Timing, plan_tests
+from gufo.bench.runner import Timing, plan_tests
 from gufo.bench.session import cache_type_name
+from gufo.bench.workload import BenchTest
 from gufo.runtime.kv_cache import KVCache
 
 BUILD = {

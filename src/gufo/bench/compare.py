@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
 
-from gufo.bench.runner import BenchTest
+from gufo.bench.workload import BenchTest
 from gufo.errors import BadInputError
 
 REQUIRED = ("model_filename", "n_prompt", "n_gen", "avg_ts", "stddev_ts")

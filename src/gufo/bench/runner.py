@@ -17,36 +17,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gufo.bench.workload import REPEAT_BLOCK, REPEATS, BenchTest
 from gufo.runtime.engine import Engine
 from gufo.runtime.kv_cache import CacheSnapshot
 from gufo.runtime.sampling import SamplingParams
 from gufo.runtime.speculative import SpeculativeStats, Speculator
 
 SEED = 1234  # fixed, so two builds time the same token ids
-REPEAT_BLOCK, REPEATS = 32, 4  # the repetitive prompt of speculative tests: 32 random ids, 4 times
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@dataclass(frozen=True)
-class BenchTest:
-    n_prompt: int
-    n_gen: int
-    n_depth: int = 0
-    speculative: str | None = None  # speculative mode of a generation test
-
-    @property
-    def name(self) -> str:
-        parts = [f"pp{self.n_prompt}"] if self.n_prompt else []
-        parts += [f"tg{self.n_gen}"] if self.n_gen else []
-        mode = f"-{self.speculative}" if self.speculative else ""
-        depth = f" @ d{self.n_depth}" if self.n_depth else ""
-        return "+".join(parts) + mode + depth
-
-    @property
-    def n_tokens(self) -> int:
-        if self.speculative:
-            return REPEAT_BLOCK * REPEATS + self.n_gen
-        return self.n_depth + self.n_prompt + self.n_gen
 
 
 def with_speculative(tests: list[BenchTest], mode: str) -> list[BenchTest]:

@@ -11,7 +11,8 @@ import torch
 
 from gufo.bench.machine import backend_label, device_name
 from gufo.bench.report import make_record, model_fields
-from gufo.bench.runner import BenchRunner, BenchTest, Progress
+from gufo.bench.runner import BenchRunner, Progress
+from gufo.bench.workload import BenchTest
 from gufo.errors import BadInputError, CheckFailedError, GufoError
 from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import open_model_file

@@ -12,6 +12,7 @@ from gufo.bench.machine import build_info
 from gufo.bench.report import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS, make_printer
 from gufo.bench.runner import Progress, plan_tests, with_speculative
 from gufo.bench.session import BenchPlan, EngineCache, preflight, run_benchmarks, run_validations
+from gufo.cli.commands import summary
 from gufo.cli.common import (
     NOISE_ENV,
     add_eager_flag,
@@ -41,7 +42,7 @@ Exit codes: 0 success, 1 a validation or a run failed (rows already printed stay
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmark prompt processing and generation (llama-bench compatible)",
+        help=summary("bench"),
         description="Time prefill (pp) and decode (tg) with llama-bench's semantics and output formats: "
         "random token ids (BOS first), depth prefilled untimed and restored before each repetition, one "
         "untimed warm-up per test.",

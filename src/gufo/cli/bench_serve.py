@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gufo.bench.lists import parse_positive_list
 from gufo.bench.serving import Client, TokenCounter, markdown, run_serving_bench
+from gufo.cli.commands import summary
 from gufo.cli.common import positive_float, positive_int
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import resolve_model
@@ -19,7 +20,7 @@ from gufo.tokenizer import Tokenizer
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench-serve",
-        help="benchmark a running OpenAI-compatible server from the client side",
+        help=summary("bench-serve"),
         description="Start C streaming greedy /v1/completions (with --endpoint chat, /v1/chat/completions) "
         "requests together (a random prefix each and cache_prompt=false, so nothing reuses a cached "
         "prefix) and report per C: TTFT and inter-token latency p50/p95/p99 (per token with --tokenizer, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gufo.cli.commands import summary
 from gufo.cli.common import (
     add_engine_flags,
     add_sampling_flags,
@@ -21,7 +22,7 @@ from gufo.runtime.speculative import make_speculator
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "chat",
-        help="interactive chat with the model's chat template",
+        help=summary("chat"),
         description="Read user turns from stdin (one line each; /exit or EOF ends, /reset clears the "
         "history), render the conversation with the GGUF chat template and stream the reply.",
     )

@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 from gufo.bench.compare import compare_runs
+from gufo.cli.commands import summary
 from gufo.errors import BadInputError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "compare",
-        help="compare benchmark runs (gufo bench or llama-bench JSON) test by test",
+        help=summary("compare"),
         description="Join runs by test (model file name, n_prompt, n_gen, n_depth) and print each run's "
         "mean ± std t/s and its change against the first run. A change is marked '(noise)' when "
         "|mean_other - mean_base| < sqrt(std_base^2/n_base + std_other^2/n_other), the combined standard "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from gufo.cli.commands import summary
 from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import open_model_file
 from gufo.models.registry import known_architectures
@@ -13,7 +14,7 @@ from gufo.models.registry import known_architectures
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "info",
-        help="describe a GGUF model file",
+        help=summary("info"),
         description="Architecture, parameter count, file size, tensor types, context length, vocabulary "
         "and chat template of a GGUF file (no weights are loaded).",
     )

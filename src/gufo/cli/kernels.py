@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from gufo.cli.commands import summary
 from gufo.errors import BadInputError
 from gufo.kernres import checker, own, report
 from gufo.kernres.loader import read_paths
@@ -16,7 +17,7 @@ from gufo.kernres.model import Kernel
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "kernels",
-        help="report per-kernel registers, scratch, spills, LDS and occupancy of GPU binaries",
+        help=summary("kernels"),
         description="Read AMD code objects (raw, bundled, compressed, in host ELF/PE files), NVIDIA cubins "
         "and fatbins, and Triton cache directories; no GPU needed. `own` compiles gufo's own Triton kernels "
         "for GPU targets on the CPU and reports (or checks) them.",

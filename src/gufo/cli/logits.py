@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gufo.cli.commands import summary
 from gufo.cli.common import add_engine_flags, parse_id_list, positive_int
 from gufo.errors import BadInputError
 
@@ -16,7 +17,7 @@ from gufo.errors import BadInputError
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "logits",
-        help="raw logits of one forward pass (numerics debugging)",
+        help=summary("logits"),
         description="Run the given tokens through the model in one pass (teacher forcing; no sampling, no "
         "penalties) and print JSON: {model, tokens, positions: [{position, top: [[id, logit], ...]}]}. "
         "Position p's logits predict token p+1.",

@@ -8,24 +8,8 @@ import logging
 import sys
 
 from gufo import __version__
+from gufo.cli.commands import COMMANDS
 from gufo.errors import GufoError
-
-# Each module exposes `register(subparsers)`, which adds its parser and sets `func`.
-COMMAND_MODULES = [
-    "run",
-    "chat",
-    "tokenize",
-    "logits",
-    "info",
-    "bench",
-    "compare",
-    "parity",
-    "quality",
-    "kernels",
-    "synth",
-    "serve",
-    "bench_serve",
-]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -35,7 +19,15 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def requested_command(argv: list[str]) -> str | None:
+    """The command argv names (its first argument that is not an option), if it is one."""
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (each exposes `register(subparsers)`, which
+    adds its parser and sets `func`), the other commands are listed by name and summary."""
     parser = OneLineParser(
         prog="gufo",
         description="Local LLM inference for GGUF models, with measurement tools for engine tuners.",
@@ -43,20 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gufo {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"gufo.cli.{name}")
-        except ModuleNotFoundError as err:
-            if err.name == f"gufo.cli.{name}":
-                continue
-            raise
-        module.register(subparsers)
+    for name, (module, summary) in COMMANDS.items():
+        if name == command:
+            importlib.import_module(f"gufo.cli.{module}").register(subparsers)
+        else:
+            subparsers.add_parser(name, help=summary)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(requested_command(argv))
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gufo.cli.commands import summary
 from gufo.cli.common import (
     add_engine_flags,
     add_speculative_flags,
@@ -20,7 +21,7 @@ from gufo.runtime.speculative import make_speculator
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "parity",
-        help="check that speculative decoding reproduces plain greedy decoding on a prompt corpus",
+        help=summary("parity"),
         description="Run every prompt of a corpus greedily through plain autoregressive decoding and through "
         "a speculative mode; print one [Parity] line per prompt (token trace hashes, tok/s, acceptance) "
         "and a [Parity Summary] line. Exit 1 when any prompt's generated ids differ.",

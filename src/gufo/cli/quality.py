@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from gufo import __version__
+from gufo.cli.commands import summary
 from gufo.cli.common import (
     NOISE_ENV,
     add_engine_flags,
@@ -35,7 +36,7 @@ Exit codes: 0 success, 1 a gate failed or a candidate row is not finite, 2 bad i
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "quality",
-        help="teacher-forced KL / top-1 / perplexity comparison against saved reference logits",
+        help=summary("quality"),
         description="Teacher-forced comparison in the style of llama-perplexity --kl-divergence: record the "
         "next-token distributions of a reference run over a text or token corpus (--save-logits), or run "
         "a candidate over the reference's tokens and report mean/median/p99/max KL, top-1 agreement, RMS "

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gufo.cli.commands import summary
 from gufo.cli.common import (
     add_engine_flags,
     add_sampling_flags,
@@ -25,7 +26,7 @@ from gufo.runtime.trace import token_trace_line
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="generate text from a prompt",
+        help=summary("run"),
         description="Generate a continuation of PROMPT and stream it to stdout. A timing line (prompt and "
         "generation tokens per second) goes to stderr.",
     )

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gufo.cli.commands import summary
 from gufo.cli.common import (
     add_engine_flags,
     add_speculative_flags,
@@ -44,7 +45,7 @@ as --sessions): greedy output equals plain serving, sampled output keeps the mod
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="OpenAI-compatible HTTP server with concurrent sessions",
+        help=summary("serve"),
         description="Serve the model over an OpenAI-compatible HTTP API. Requests share N preallocated KV "
         "slots; active ones decode together, new prompts are prefilled in chunks between decode steps, and "
         "a request whose prompt shares a prefix with what a free slot holds reuses that KV.",

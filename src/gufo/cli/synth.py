@@ -7,6 +7,7 @@ import sys
 
 from tqdm import tqdm
 
+from gufo.cli.commands import summary
 from gufo.cli.common import positive_int
 from gufo.gguf.aliases import ALIASES, resolve_model
 from gufo.gguf.model_file import open_model_file
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     presets = "; ".join(f"{arch}: {', '.join(shapes)}" for arch, shapes in PRESETS.items())
     parser = subparsers.add_parser(
         "synth",
-        help="write a random-weight GGUF of a real model shape",
+        help=summary("synth"),
         description="Write a GGUF file with the real tensor shapes of a model, random weights written "
         "directly as quantized blocks (weights ~0.02 standard deviation, norms 1.0), llama-quantize's "
         "per-tensor type mix for --qtype, and a real vocabulary copied from another GGUF, so that both "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gufo.cli.commands import summary
 from gufo.cli.common import add_model_flag
 from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import open_model_file
@@ -13,7 +14,7 @@ from gufo.tokenizer import Tokenizer
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "tokenize",
-        help="tokenize text with a model's vocabulary",
+        help=summary("tokenize"),
         description="Tokenize PROMPT like llama.cpp (BOS only when the GGUF says add_bos_token).",
     )
     add_model_flag(parser)
