@@ -34,6 +34,27 @@ MODELS = {
 }
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): tests that run on one xdist worker together")
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:  # a pytest-xdist worker: the cores shared out, not each worker taking all of them
+        import torch
+
+        threads = max(1, len(os.sched_getaffinity(0)) // int(worker["workercount"]))
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the CLI subprocesses the tests start
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    """`--dist loadgroup` (pyproject.toml) sends a whole test file to one worker, so module and session
+    fixtures (a served model, a recorded reference) are built once, except where the file deals its tests
+    into groups itself (the Triton interpreter's cases: tests/kernels/triton_interpreter.py)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 def gufo(capsys, *args: str) -> tuple[int, str, str]:
     """Run the CLI in-process: exit code, stdout, stderr."""
     code = main(list(args))

@@ -5,6 +5,10 @@ decorated, i.e. when triton is first imported, and any earlier test may already 
 compiled. So a test module's kernel checks run in one worker subprocess started with
 TRITON_INTERPRET=1 (the module run as a script, printing `run_cases`' JSON), and each case is
 reported in the parent as its own test (`interpreter_tests`).
+
+The cases are dealt into WORKERS groups, one subprocess each, marked `xdist_group` so that under
+`pytest -n 2 --dist loadgroup` (the default, pyproject.toml) the two groups run at the same time on the
+two test workers, each group once; without xdist the groups run one after the other.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+
+WORKERS = 2  # interpreter subprocesses per module: the test workers of the default run
 
 
 def fix_interpreter_loop_bounds() -> None:
@@ -36,10 +43,11 @@ def fix_interpreter_loop_bounds() -> None:
 
 
 def run_cases(cases: dict[str, Callable[[], None]]) -> dict[str, str | None]:
-    """Worker side: every case's failure (traceback text) or None."""
+    """Worker side: the failure (traceback text) or None of every case named on the command line."""
     fix_interpreter_loop_bounds()
     results: dict[str, str | None] = {}
-    for name, case in cases.items():
+    for name in sys.argv[1:]:
+        case = cases[name]
         try:
             case()
             results[name] = None
@@ -48,16 +56,16 @@ def run_cases(cases: dict[str, Callable[[], None]]) -> dict[str, str | None]:
     return results
 
 
-def worker_results(script: str) -> dict[str, str | None]:
-    """Parent side: run `script` as the interpreter worker and read its results. The interpreter runs
-    every case in Python on the CPU: minutes, many more on a busy machine, so no time limit but the
-    guard against a hang."""
+def worker_results(script: str, names: list[str]) -> dict[str, str | None]:
+    """Parent side: run `script` as the interpreter worker on cases `names` and read its results. The
+    interpreter runs every case in Python on the CPU: minutes, many more on a busy machine, so no time
+    limit but the guard against a hang."""
     from tests.conftest import HANG_GUARD_S  # parent side only: the worker runs as a plain script
 
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     try:
         proc = subprocess.run(
-            [sys.executable, script], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+            [sys.executable, script, *names], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"the interpreter worker hung: no result after {HANG_GUARD_S} s")
@@ -67,15 +75,27 @@ def worker_results(script: str) -> dict[str, str | None]:
 
 
 def interpreter_tests(cases: Callable[[], dict[str, Callable[[], None]]], script: str) -> tuple:
-    """The parent side of a test module whose worker (`script`) runs `cases`: its session fixture and
-    one parametrized test per case; bind both at module level under these names."""
+    """The parent side of a test module whose worker (`script`) runs `cases`: its session fixture (the
+    results of each group of cases, run when a test of the group first asks) and one parametrized test
+    per case; bind both at module level under these names."""
+    names = list(cases())
+    groups = [names[first::WORKERS] for first in range(WORKERS)]
+    group_of = {name: index for index, group in enumerate(groups) for name in group}
+    stem = Path(script).stem
 
     @pytest.fixture(scope="session")
-    def interpreter_results() -> dict[str, str | None]:
-        return worker_results(script)
+    def interpreter_results() -> dict[int, dict[str, str | None]]:
+        return {}
 
-    @pytest.mark.parametrize("case", list(cases()))
+    params = [pytest.param(name, marks=pytest.mark.xdist_group(f"{stem}-{group_of[name]}")) for name in names]
+
+    @pytest.mark.parametrize("case", params)
     def test_kernel_in_interpreter(interpreter_results, case):
-        assert interpreter_results[case] is None, interpreter_results[case]
+        group = group_of[case]
+        if group not in interpreter_results:
+            interpreter_results[group] = worker_results(script, groups[group])
+        result = interpreter_results[group]
+        assert set(result) == set(groups[group])  # every case ran
+        assert result[case] is None, result[case]
 
     return interpreter_results, test_kernel_in_interpreter
