@@ -58,3 +58,14 @@ def test_help_costs_under_half_a_second_of_cpu():
     assert done.returncode == 0
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert cpu < 0.5, f"gufo --help took {cpu:.2f} s of CPU"
+
+
+def test_a_flag_is_never_taken_as_a_prefix_of_another(capsys):
+    """llama.cpp's `--ctx` is not gufo's `--ctx-size`: refused by name, in one line (exit 2)."""
+    from tests.conftest import gufo
+
+    with pytest.raises(SystemExit) as stop:
+        gufo(capsys, "run", "--ctx", "64", "-p", "hi")
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --ctx 64" in err and len(err.strip().splitlines()) == 1

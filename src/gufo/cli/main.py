@@ -13,7 +13,13 @@ from gufo.errors import GufoError
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """Usage errors as one line (exit 2), like every other bad input; --help has the details."""
+    """Usage errors as one line (exit 2), like every other bad input; --help has the details. Flags
+    are matched whole: a llama.cpp flag gufo lacks is refused by name, never taken as a prefix of
+    another flag (the command parsers are of this class too)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
