@@ -71,7 +71,7 @@ def greedy_logits(
             ids.append(float64_following[step] if float64 else int(logits.argmax()))
             logits = model.forward(torch.tensor(ids[-1:]), cache, 0, len(prompt) + step)[-1]
             decoded.append(logits)
-    assert prefill.dtype == (torch.float64 if float64 else torch.float32)
+    assert {prefill.dtype} | {row.dtype for row in decoded} == {torch.float64 if float64 else torch.float32}
     return prefill, decoded, ids
 
 
