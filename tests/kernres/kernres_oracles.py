@@ -17,13 +17,8 @@ HIP, CUDA = FIXTURES / "hip", FIXTURES / "cuda"
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """The real `gufo` entry point, with only the kernels command registered (others are not under test)."""
-    saved = cli_main.COMMAND_MODULES
-    cli_main.COMMAND_MODULES = ["kernels"]
-    try:
-        code = cli_main.main(list(argv))
-    finally:
-        cli_main.COMMAND_MODULES = saved
+    """The real `gufo` entry point (it imports only the command it runs)."""
+    code = cli_main.main(list(argv))
     out = capsys.readouterr()
     return code, out.out, out.err
 

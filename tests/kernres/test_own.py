@@ -40,14 +40,11 @@ def compiled(tmp_path_factory) -> tuple[Path, list[dict]]:
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
-    """The real entry point with only `kernels` registered; capsys is per test, this fixture is per module."""
-    saved, cli_main.COMMAND_MODULES = cli_main.COMMAND_MODULES, ["kernels"]
+    """The real entry point (it imports only the `kernels` command); capsys is per test, this fixture is
+    per module."""
     out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli_main.main(list(argv))
-    finally:
-        cli_main.COMMAND_MODULES = saved
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main.main(list(argv))
     return code, out.getvalue(), err.getvalue()
 
 
