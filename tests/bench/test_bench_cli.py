@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from gufo.runtime.engine import Engine
+from gufo.engine.engine import Engine
 from tests.conftest import gufo
 
 

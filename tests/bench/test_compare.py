@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gufo.bench.compare import Measurement, change, compare_runs
-from gufo.bench.report import make_record
-from gufo.bench.runner import Timing
-from gufo.bench.workload import BenchTest
 from gufo.cli.main import main
+from gufo.tools.bench.compare import Measurement, change, compare_runs
+from gufo.tools.bench.report import make_record
+from gufo.tools.bench.runner import Timing
+from gufo.tools.bench.workload import BenchTest
 from tests.bench.test_report import BUILD, RUN
 
 FIXTURES = Path(__file__).parent / "fixtures"

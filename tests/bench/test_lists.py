@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gufo.bench.lists import parse_int_list, parse_pair, parse_positive_list
 from gufo.errors import BadInputError
+from gufo.tools.bench.lists import parse_int_list, parse_pair, parse_positive_list
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gufo.bench.report import ftype_name, make_printer, make_record
-from gufo.bench.runner import Timing, plan_tests
-from gufo.bench.session import cache_type_name
-from gufo.bench.workload import BenchTest
-from gufo.runtime.kv_cache import KVCache
+from gufo.models.kv_cache import KVCache
+from gufo.tools.bench.report import ftype_name, make_printer, make_record
+from gufo.tools.bench.runner import Timing, plan_tests
+from gufo.tools.bench.session import cache_type_name
+from gufo.tools.bench.workload import BenchTest
 
 BUILD = {
     "build_commit": "abc1234",

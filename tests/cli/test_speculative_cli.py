@@ -23,7 +23,7 @@ def parity_summary(out: str) -> tuple[int, int, float]:
 
 
 def test_shipped_corpus_is_half_repetitive():
-    from gufo.quality.parity import load_corpus
+    from gufo.tools.quality.parity import load_corpus
 
     corpus = load_corpus()
     assert len(corpus) >= 20

@@ -40,7 +40,7 @@ def without_torch(*args: str) -> subprocess.CompletedProcess:
              str(TESTS / "bench/fixtures/llamabench_b.json")],
             "pp512",
         ),
-        (["kernels", "report", str(TESTS / "kernres/fixtures/cuda/kernels.sm_80.cubin")], "sm_80"),
+        (["kernels", "report", str(TESTS / "kernel_check/fixtures/cuda/kernels.sm_80.cubin")], "sm_80"),
     ],
 )  # fmt: skip
 def test_runs_without_torch_or_triton(args, expected):

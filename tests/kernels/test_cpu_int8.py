@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from gufo.formats import QUANTIZED_QTYPES
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.cpu_int8 import NIBBLES, SIGNED8, UNSIGNED8, CpuInt8Linear
 from gufo.kernels.linear_reference import ReferenceLinear
-from gufo.quant import QUANTIZED_QTYPES
 
 pytestmark = pytest.mark.skipif(not CpuInt8Linear.available(), reason="needs AVX2 and a C compiler")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gufo.kernels.decode import CpuDecodeLayer, ReferenceDecodeLayer
-from gufo.runtime.kv_cache import KVCache
+from gufo.models.kv_cache import KVCache
 
 pytestmark = pytest.mark.skipif(not CpuDecodeLayer.available(), reason="needs AVX2 and a C compiler")
 

@@ -16,12 +16,12 @@ import pytest
 import torch
 from triton_interpreter import interpreter_tests, run_cases
 
+from gufo.formats import block_shape
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels import registry
 from gufo.kernels.int8_rows import quantize_rows_reference, rounded_rows_reference
 from gufo.kernels.linear_reference import ReferenceLinear
-from gufo.quant import block_shape
-from gufo.synth.presets import QWEN3_PRESETS
+from gufo.tools.synth.presets import QWEN3_PRESETS
 
 pytest.importorskip("triton")
 
@@ -285,7 +285,7 @@ def test_int8_activations_only_for_large_weights(qtype):
 def test_every_qwen3_matrix_from_1_7b_up_runs_on_int8(preset):
     """The models whose decode int8 activations were tuned for keep them: the smallest matrix of a Qwen3
     layer (the key or value projection, KV heads x head_dim by hidden, from the HF configs in
-    gufo.synth.presets) is at the limit or over it; Qwen3-0.6B's is under."""
+    gufo.tools.synth.presets) is at the limit or over it; Qwen3-0.6B's is under."""
     for name, large in ((preset, True), ("0.6b", False)):
         shape = QWEN3_PRESETS[name]
         n, k = shape.num_key_value_heads * shape.head_dim, shape.hidden_size

@@ -13,11 +13,11 @@ import torch
 from converted import convert, gufo_logits, hf_logits, randomize
 from gguf_rewrite import rewrite
 
+from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import open_model_file
 from gufo.models.registry import build_model
-from gufo.quality.validate_prefill import validate_prefill
-from gufo.runtime.engine import Engine
+from gufo.tools.quality.validate_prefill import validate_prefill
 from tests.conftest import gufo
 
 transformers = pytest.importorskip("transformers")

@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-from gufo.quality.logit_diff import compare_logits
-from gufo.quality.validate_prefill import validate_prefill
-from gufo.runtime.engine import Engine
-from gufo.synth import find_mix, find_preset, plan_qwen3, write_synth
+from gufo.engine.engine import Engine
+from gufo.tools.quality.logit_diff import compare_logits
+from gufo.tools.quality.validate_prefill import validate_prefill
+from gufo.tools.synth import find_mix, find_preset, plan_qwen3, write_synth
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 

@@ -9,18 +9,18 @@ import pytest
 import torch
 from qwen35_gguf import tiny_hf_model, write_gguf
 
-from gufo.quality.validate_prefill import validate_prefill
-from gufo.runtime.engine import Engine
-from gufo.runtime.sampling import Sampler, SamplingParams
-from gufo.runtime.speculative import (
+from gufo.engine.engine import Engine
+from gufo.engine.sampling import Sampler, SamplingParams
+from gufo.engine.speculative import (
     Draft,
     DraftModelProposer,
     NgramProposer,
     SpeculativeParams,
     Speculator,
 )
+from gufo.tools.quality.validate_prefill import validate_prefill
 from tests.conftest import gufo
-from tests.runtime.scripted_proposer import check_rejections_leave_plain_state
+from tests.engine.scripted_proposer import check_rejections_leave_plain_state
 
 pytest.importorskip("transformers")
 

@@ -106,8 +106,8 @@ def write_gguf(model, path, qtype: gguf.GGMLQuantizationType) -> dict[str, np.nd
 def gufo_logits(path, backend: str, tokens: torch.Tensor) -> torch.Tensor:
     from gufo.gguf.model_file import open_model_file
     from gufo.kernels import backends  # noqa: F401  (registers kernels)
+    from gufo.models.kv_cache import KVCache
     from gufo.models.registry import build_model
-    from gufo.runtime.kv_cache import KVCache
 
     model = build_model(open_model_file(path), backend)
     cfg = model.config

@@ -10,11 +10,11 @@ from gguf_rewrite import rewrite
 from qwen35_gguf import tiny_hf_model, write_gguf
 from test_qwen35_vs_transformers import SEQ, check_prefill_and_decode
 
+from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
 from gufo.kernels import backends  # noqa: F401  (registers kernels)
 from gufo.models.registry import build_model
-from gufo.quality.validate_prefill import validate_prefill
-from gufo.runtime.engine import Engine
+from gufo.tools.quality.validate_prefill import validate_prefill
 
 pytest.importorskip("transformers")
 

@@ -14,7 +14,7 @@ KL_LIMIT = 0.02
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def engine(request):
-    from gufo.runtime.engine import Engine
+    from gufo.engine.engine import Engine
 
     return request.param, Engine(request.param, device=DEVICE, context=512)
 
@@ -67,7 +67,7 @@ def test_prefill_graphs_equal_eager_prefill(engine):
     """Full chunks through the piecewise prefill graphs give the eager layers' logits bit for bit, on
     the real files: gemma3's sliding window (512) and two RoPE bases included (the third chunk reaches
     past the window)."""
-    from gufo.runtime.engine import Engine
+    from gufo.engine.engine import Engine
 
     alias, _ = engine
     first = golden(alias)["prompts"][0]

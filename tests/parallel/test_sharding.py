@@ -12,7 +12,7 @@ from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import open_model_file
 from gufo.models.base import ModelConfig
 from gufo.parallel.sharding import COLUMNS, ROWS, ShardedModelFile, Split, plan_layout, shard
-from tests.runtime.tiny_model import write_tiny_model
+from tests.engine.tiny_model import write_tiny_model
 
 
 def dequantized(info) -> np.ndarray:

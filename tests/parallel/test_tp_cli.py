@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import gufo
-from tests.runtime.tiny_model import write_tiny_model
+from tests.engine.tiny_model import write_tiny_model
 
 
 @pytest.fixture(autouse=True)

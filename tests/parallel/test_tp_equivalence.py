@@ -18,8 +18,8 @@ import torch
 
 from gufo.gguf.aliases import resolve_model
 from tests.conftest import golden
+from tests.engine.tiny_model import write_tiny_model
 from tests.parallel.tp_workers import greedy_logits, run_ranks
-from tests.runtime.tiny_model import write_tiny_model
 
 STEPS = 6
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.conftest import HANG_GUARD_S, gufo
-from tests.runtime.tiny_model import write_tiny_model
+from tests.engine.tiny_model import write_tiny_model
 
 
 def torchrun(world: int, *args: str) -> subprocess.CompletedProcess:
@@ -70,7 +70,7 @@ def test_bench_reports_degree_and_rank_memory(tiny):
 def test_serve_rank0_answers_like_a_single_process(tiny):
     """Rank 0 listens; a greedy completion (two sessions, prefix reuse on the second request) equals the
     in-process single-process server's; Ctrl-C on torchrun stops every rank."""
-    from gufo.runtime.engine import Engine
+    from gufo.engine.engine import Engine
     from gufo.server.settings import ServerSettings
     from tests.server.conftest import LiveServer, live_server
 

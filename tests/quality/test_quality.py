@@ -11,8 +11,8 @@ import torch
 
 from gufo.cli.common import NOISE_ENV
 from gufo.cli.main import main
-from gufo.quality.reference import ReferenceLogits, log_sum_exp
-from gufo.runtime.engine import Engine
+from gufo.engine.engine import Engine
+from gufo.tools.quality.reference import ReferenceLogits, log_sum_exp
 from tests.conftest import GOLDENS, MODELS, gufo
 
 TEXT = (
@@ -22,7 +22,7 @@ TEXT = (
 
 
 def numpy_kl(reference: np.ndarray, candidate: np.ndarray) -> float:
-    """KL(reference || candidate) of two logit vectors, written independently of gufo.quality."""
+    """KL(reference || candidate) of two logit vectors, written independently of gufo.tools.quality."""
     ref, cand = reference.astype(np.float64), candidate.astype(np.float64)
     log_p = ref - ref.max() - np.log(np.exp(ref - ref.max()).sum())
     log_q = cand - cand.max() - np.log(np.exp(cand - cand.max()).sum())
@@ -75,7 +75,7 @@ def saved_reference(tmp_path_factory) -> str:
 
 def numpy_perplexity(chunk: int) -> float:
     """exp(-mean log p(next token)) of TEXT in chunks of `chunk`, from the engine's logit rows with numpy's
-    float64 log-softmax (not gufo.quality's code)."""
+    float64 log-softmax (not gufo.tools.quality's code)."""
     engine = Engine("smollm2-135m")
     tokens = engine.tokenizer.encode(TEXT, add_special=True)
     logp = []

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from gufo.quality.logit_diff import compare_logits
+from gufo.tools.quality.logit_diff import compare_logits
 from tests.conftest import MODELS, gufo
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from gufo.runtime.engine import Engine
+from gufo.engine.engine import Engine
 from gufo.server.app import listen, make_server
 from gufo.server.settings import ServerSettings
 from tests.conftest import HANG_GUARD_S

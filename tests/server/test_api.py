@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gufo.runtime.sampling import SamplingParams
+from gufo.engine.sampling import SamplingParams
 from gufo.server.settings import ServerSettings
 from tests.conftest import gufo
 from tests.server.conftest import MODEL, live_server, load_engine

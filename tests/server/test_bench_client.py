@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gufo.bench.serving import Client
 from gufo.errors import GufoError
+from gufo.tools.bench.serving import Client
 
 CHUNKS = ["one two", " three", " four five six"]  # 2, 1 and 3 words
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gufo.runtime.engine import Engine
+from gufo.engine.engine import Engine
 from gufo.server.settings import ServerSettings
 from tests.conftest import HANG_GUARD_S
 from tests.server.conftest import MODEL, assert_error, live_server, load_engine

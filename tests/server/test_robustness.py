@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from gufo.runtime.sampling import Sampler, SamplingParams
+from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.server.schemas import ChatCompletionRequest
 from gufo.server.settings import ServerSettings
 from gufo.tokenizer import chat

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from gufo.engine.speculative import SpeculativeParams
 from gufo.kernels.decode import CpuDecodeLayer
-from gufo.runtime.speculative import SpeculativeParams
 from gufo.server.settings import ServerSettings
 from tests.conftest import gufo
 from tests.server.conftest import MODEL, live_server, load_engine

@@ -7,7 +7,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from gufo.quant.random_blocks import random_blocks
+from gufo.formats.random_blocks import random_blocks
 
 Q = GGMLQuantizationType
 TYPES = [Q.F16, Q.F32, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]

@@ -13,10 +13,10 @@ from gguf import GGUFValueType
 from gguf.quants import dequantize
 
 from gufo.cli.main import main
+from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import open_model_file
-from gufo.runtime.engine import Engine
-from gufo.synth import find_mix, find_preset, plan_qwen3, tensor_type, write_synth
+from gufo.tools.synth import find_mix, find_preset, plan_qwen3, tensor_type, write_synth
 
 # Qwen/Qwen3-*/config.json: hidden_size, num_hidden_layers, intermediate_size, num_attention_heads,
 # num_key_value_heads, tie_word_embeddings (all: head_dim 128, rope_theta 1e6, rms_norm_eps 1e-6,

@@ -1,4 +1,4 @@
-"""`gufo bench`: llama-bench's flags and output, plus --validate-prefill (the work is in gufo.bench)."""
+"""`gufo bench`: llama-bench's flags and output, plus --validate-prefill (the work is in gufo.tools.bench)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,6 @@ import sys
 
 import torch
 
-from gufo.bench.lists import parse_int_list, parse_pair, parse_positive_list
-from gufo.bench.machine import build_info
-from gufo.bench.report import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS, make_printer
-from gufo.bench.runner import Progress, plan_tests, with_speculative
-from gufo.bench.session import BenchPlan, EngineCache, preflight, run_benchmarks, run_validations
 from gufo.cli.commands import summary
 from gufo.cli.common import (
     NOISE_ENV,
@@ -25,7 +20,12 @@ from gufo.cli.common import (
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import DEFAULT_MODEL
 from gufo.parallel.mirror import follow
-from gufo.quality.validate_prefill import PrefillValidation
+from gufo.tools.bench.lists import parse_int_list, parse_pair, parse_positive_list
+from gufo.tools.bench.machine import build_info
+from gufo.tools.bench.report import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS, make_printer
+from gufo.tools.bench.runner import Progress, plan_tests, with_speculative
+from gufo.tools.bench.session import BenchPlan, EngineCache, preflight, run_benchmarks, run_validations
+from gufo.tools.quality.validate_prefill import PrefillValidation
 
 EPILOG = f"""\
 Lists take a,b,c and ranges first-last, first-last+step, first-last*mult (e.g. -p 64-1024*2).

@@ -7,14 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from gufo.bench.lists import parse_positive_list
-from gufo.bench.serving import Client, TokenCounter, markdown, run_serving_bench
 from gufo.cli.commands import summary
 from gufo.cli.common import positive_float, positive_int
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import open_model_file
 from gufo.tokenizer import Tokenizer
+from gufo.tools.bench.lists import parse_positive_list
+from gufo.tools.bench.serving import Client, TokenCounter, markdown, run_serving_bench
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -15,8 +15,8 @@ from gufo.cli.common import (
     sampling_params,
     speculative_params,
 )
+from gufo.engine.speculative import make_speculator
 from gufo.errors import BadInputError
-from gufo.runtime.speculative import make_speculator
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -6,10 +6,10 @@ import argparse
 import os
 import re
 
+from gufo.engine.engine import DEFAULT_BATCH, DEFAULT_CONTEXT
+from gufo.engine.sampling import SamplingParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
-from gufo.runtime.engine import DEFAULT_BATCH, DEFAULT_CONTEXT
-from gufo.runtime.sampling import SamplingParams
 
 
 def _int_at_least(minimum: int, wording: str):
@@ -141,7 +141,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = False) -> None:
-    from gufo.runtime.speculative import MODES, SpeculativeParams
+    from gufo.engine.speculative import MODES, SpeculativeParams
 
     defaults = SpeculativeParams()
     group = parser.add_argument_group("speculative decoding (greedy output identical to plain decoding)")
@@ -181,7 +181,7 @@ def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = Fals
 
 def speculative_params(args: argparse.Namespace):
     """SpeculativeParams from the flags, or None without --speculative."""
-    from gufo.runtime.speculative import SpeculativeParams
+    from gufo.engine.speculative import SpeculativeParams
 
     if args.speculative is None:
         if args.draft_model is not None:
@@ -208,7 +208,7 @@ def parse_noise() -> tuple[int, float] | None:
 
 
 def make_engine(args: argparse.Namespace, n_slots: int = 1):
-    from gufo.runtime.engine import Engine
+    from gufo.engine.engine import Engine
 
     return Engine(
         args.model,

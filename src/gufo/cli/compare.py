@@ -1,4 +1,4 @@
-"""`gufo compare`: A/B tables across benchmark runs (the work is in gufo.bench.compare)."""
+"""`gufo compare`: A/B tables across benchmark runs (the work is in gufo.tools.bench.compare)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from gufo.bench.compare import compare_runs
 from gufo.cli.commands import summary
 from gufo.errors import BadInputError
+from gufo.tools.bench.compare import compare_runs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

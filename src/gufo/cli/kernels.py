@@ -9,9 +9,9 @@ from pathlib import Path
 
 from gufo.cli.commands import summary
 from gufo.errors import BadInputError
-from gufo.kernres import checker, own, report
-from gufo.kernres.loader import read_paths
-from gufo.kernres.model import Kernel
+from gufo.tools.kernel_check import checker, own, report
+from gufo.tools.kernel_check.loader import read_paths
+from gufo.tools.kernel_check.model import Kernel
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

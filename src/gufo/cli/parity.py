@@ -13,9 +13,9 @@ from gufo.cli.common import (
     positive_int,
     speculative_params,
 )
+from gufo.engine.speculative import make_speculator
 from gufo.errors import CheckFailedError
-from gufo.quality.parity import DEFAULT_CORPUS, ParitySummary, load_corpus, run_parity
-from gufo.runtime.speculative import make_speculator
+from gufo.tools.quality.parity import DEFAULT_CORPUS, ParitySummary, load_corpus, run_parity
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

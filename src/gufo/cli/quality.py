@@ -20,9 +20,9 @@ from gufo.cli.common import (
     positive_int,
 )
 from gufo.errors import BadInputError, CheckFailedError
-from gufo.quality.compare import compare_to_reference
-from gufo.quality.reference import ReferenceLogits, candidate_rows, record_reference
-from gufo.quality.validate_prefill import add_prefill_noise
+from gufo.tools.quality.compare import compare_to_reference
+from gufo.tools.quality.reference import ReferenceLogits, candidate_rows, record_reference
+from gufo.tools.quality.validate_prefill import add_prefill_noise
 
 EPILOG = f"""\
 Typical use: record on a trusted route, then gate a changed kernel, build, device or toolchain:

@@ -17,10 +17,10 @@ from gufo.cli.common import (
     sampling_params,
     speculative_params,
 )
+from gufo.engine.speculative import make_speculator
+from gufo.engine.trace import token_trace_line
 from gufo.errors import BadInputError
 from gufo.parallel.mirror import follow
-from gufo.runtime.speculative import make_speculator
-from gufo.runtime.trace import token_trace_line
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

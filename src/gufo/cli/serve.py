@@ -17,12 +17,12 @@ from gufo.cli.common import (
     positive_int,
     speculative_params,
 )
+from gufo.engine.speculative import check_draft_model
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL, resolve_model
 from gufo.gguf.model_file import open_model_file
 from gufo.parallel.mirror import follow
 from gufo.parallel.model import preflight
 from gufo.parallel.process_group import launched_rank
-from gufo.runtime.speculative import check_draft_model
 from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
 from gufo.server.settings import ServerSettings
 

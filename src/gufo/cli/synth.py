@@ -11,7 +11,7 @@ from gufo.cli.commands import summary
 from gufo.cli.common import positive_int
 from gufo.gguf.aliases import ALIASES, resolve_model
 from gufo.gguf.model_file import open_model_file
-from gufo.synth import MIXES, PRESETS, find_mix, find_preset, plan_synth, write_synth
+from gufo.tools.synth import MIXES, PRESETS, find_mix, find_preset, plan_synth, write_synth
 
 DEFAULT_VOCAB = "smollm2-135m"
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import platformdirs
 import torch
 
+from gufo.formats import QUANTIZED_QTYPES, unpack
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.registry import register
-from gufo.quant import QUANTIZED_QTYPES, unpack
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from gufo.kernels.registry import REFERENCE_BACKEND, register
 
 if TYPE_CHECKING:
     from gufo.models.base import DecoderLayer
+    from gufo.models.kv_cache import KVCache
     from gufo.models.layers import FusedLinear, Linear
-    from gufo.runtime.kv_cache import KVCache
 
 ACT_CODES = ("silu", "gelu_tanh")  # index = the C kernel's ACT_* value
 

@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 import torch
 
+from gufo.formats import dequantize
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.registry import REFERENCE_BACKEND, register
-from gufo.quant import dequantize
 
 
 def raw_rows(info: TensorInfo) -> torch.Tensor:

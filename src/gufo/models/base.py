@@ -13,6 +13,7 @@ from gufo.kernels import backends, registry
 from gufo.kernels.attention import RowPositions
 from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.registry import REFERENCE_BACKEND
+from gufo.models.kv_cache import KVCache
 from gufo.models.layers import (
     ACTIVATIONS,
     AttentionKernels,
@@ -27,7 +28,6 @@ from gufo.models.layers import (
     takes_int8,
 )
 from gufo.models.rope import Rope
-from gufo.runtime.kv_cache import KVCache
 
 
 @dataclass

@@ -11,14 +11,14 @@ import numpy as np
 import torch
 
 from gufo.errors import BadInputError
+from gufo.formats import dequantize
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry  # noqa: F401  (backends registers every kernel)
 from gufo.kernels.attention import TokenPositions
 from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.linear_reference import dequantize_tensor, raw_rows
 from gufo.kernels.pointwise import ACTIVATIONS, gelu_tanh  # noqa: F401  (the models' activation names)
-from gufo.quant import dequantize
-from gufo.runtime.kv_cache import KVCache
+from gufo.models.kv_cache import KVCache
 
 
 class Linear:

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gufo.errors import BadInputError
+from gufo.formats import unsupported_reason
 from gufo.gguf.model_file import ModelFile
-from gufo.quant import unsupported_reason
 
 ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3", "qwen35", "qwen3next")
 
@@ -91,7 +91,7 @@ def register_architecture(name: str) -> Callable[[Any], Any]:
 
 def known_architectures() -> list[str]:
     for module in ARCHITECTURE_MODULES:
-        importlib.import_module(f"gufo.models.{module}")
+        importlib.import_module(f"gufo.models.archs.{module}")
     return sorted(_ARCHITECTURES)
 
 

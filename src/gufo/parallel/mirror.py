@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gufo.engine.memory import peak_memory_bytes
+from gufo.models.kv_cache import CacheSnapshot
 from gufo.parallel.process_group import HEADER, TensorParallel
-from gufo.runtime.kv_cache import CacheSnapshot
-from gufo.runtime.memory import peak_memory_bytes
 
 if TYPE_CHECKING:
-    from gufo.runtime.engine import Engine
+    from gufo.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 

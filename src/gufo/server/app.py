@@ -37,9 +37,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gufo import __version__
+from gufo.engine.engine import Engine
+from gufo.engine.speculative import make_speculators
 from gufo.errors import BadInputError, GufoError
-from gufo.runtime.engine import Engine
-from gufo.runtime.speculative import make_speculators
 from gufo.server.metrics import Metrics
 from gufo.server.scheduler import (
     FinishEvent,

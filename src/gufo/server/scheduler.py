@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gufo.runtime.engine import Engine
-from gufo.runtime.sampling import Sampler, SamplingParams
-from gufo.runtime.speculative import SpeculativeStats, Speculator
+from gufo.engine.engine import Engine
+from gufo.engine.sampling import Sampler, SamplingParams
+from gufo.engine.speculative import SpeculativeStats, Speculator
 from gufo.server.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from gufo.runtime.sampling import SamplingParams
+from gufo.engine.sampling import SamplingParams
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 # torch.Generator.manual_seed takes exactly this range (negative seeds wrap), as OpenAI's int64 seeds do.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gufo.runtime.speculative import SpeculativeParams
+from gufo.engine.speculative import SpeculativeParams
 from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
 
 

@@ -12,7 +12,7 @@ Kernels (one per format, named `gemv_<format>` so profiles and resource reports 
 each program owns BLOCK_N output rows and BLOCK_M activation rows and walks K in steps of STEP input
 columns (8 blocks of Q4_0/Q4_1/Q5_0, 4 blocks of Q8_0, one 256-element super-block of the K-quants,
 128 columns of float weights). Each step loads the packed bytes of its BLOCK_N x STEP tile once,
-dequantizes them in registers to float32 exactly as `gufo.quant` does (q * scale (+ offset), K-quant
+dequantizes them in registers to float32 exactly as `gufo.formats` does (q * scale (+ offset), K-quant
 scales = d * 6-bit scale), and multiplies that tile against all BLOCK_M activation rows, so the weight
 traffic (what bounds decode) does not grow with M. Nibble formats are not interleaved back into
 element order: the low-nibble and high-nibble halves are each paired with the activation columns they
@@ -48,13 +48,13 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from gufo.errors import BadInputError
+from gufo.formats import block_shape
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.linear_reference import raw_rows
 from gufo.kernels.registry import register
 from gufo.kernels.triton import dependent_launch
 from gufo.kernels.triton.dependent_launch import wait_for_inputs
-from gufo.quant import block_shape
 
 Q = GGMLQuantizationType
 
@@ -906,7 +906,7 @@ MAX_VECTOR_STEP = {Q.Q4_0: 1024}
 
 def vector_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     """Launch shape of the vector kernel for an [n, k] weight: 4 rows x 2048 columns per step was the
-    fastest of 8 shapes tried for Q4_K/Q6_K/Q8_0 at M = 1 on the H200 (benchmarks/gemv_bandwidth.py)."""
+    fastest of 8 shapes tried for Q4_K/Q6_K/Q8_0 at M = 1 on the H200 (scripts/gemv_bandwidth.py)."""
     widest = MAX_VECTOR_STEP.get(qtype, 2048)
     return VectorConfig(4, max(FORMATS[qtype].block, min(widest, triton.next_power_of_2(k))), 4)
 
@@ -916,7 +916,7 @@ INT8_FORMATS = (Q.Q8_0, Q.Q4_K, Q.Q6_K)  # vector products on int8 activations (
 
 def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     """Launch shape of the int8 kernels for an [n, k] weight, the fastest of 11 shapes at M = 1 on the
-    H200 (benchmarks/gemv_bandwidth.py --sweep, docs/BENCHMARKS.md): Q8_0 4 rows x 1024 columns on 2
+    H200 (scripts/gemv_bandwidth.py --sweep, docs/BENCHMARKS.md): Q8_0 4 rows x 1024 columns on 2
     warps; Q6_K 8 x 2048; Q4_K 8 x 2048 for matrices taller than wide (gate/up, qkv), else 4 x 2048
     (down, attention output). Q8_0 stays at 1024 columns: its 2-row 2048 step compiled with an 8-byte
     stack frame for sm_90 (Triton 3.6)."""

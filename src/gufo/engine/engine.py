@@ -1,0 +1,325 @@
+"""Engine: a loaded model, its tokenizer and KV cache slots; prefill, decode and generation.
+
+The CLI, the server and the benchmark all drive this object.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gufo.engine.memory import peak_memory_bytes
+from gufo.engine.sampling import Sampler, SamplingParams
+from gufo.errors import BadInputError
+from gufo.gguf.aliases import resolve_model
+from gufo.gguf.model_file import open_model_file
+from gufo.kernels import backends
+from gufo.kernels.attention import RowPositions
+from gufo.models.kv_cache import CacheSnapshot, KVCache
+from gufo.models.registry import build_model, check_architecture, check_supported_types
+from gufo.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT = 4096
+DEFAULT_BATCH = 2048
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    generated_ids: list[int] = field(default_factory=list)
+    prompt_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    stopped_by: str = "length"  # "eog" or "length"
+
+    @property
+    def prompt_tps(self) -> float:
+        return len(self.prompt_ids) / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        # The first generated token comes from the prefill's logits; the rest each cost one decode step.
+        steps = max(len(self.generated_ids) - 1, 0)
+        return steps / self.generation_seconds if self.generation_seconds else 0.0
+
+
+class Engine:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        device: str = "cpu",
+        context: int | None = None,
+        n_slots: int = 1,
+        batch_size: int = DEFAULT_BATCH,
+        threads: int | None = None,
+        graphs: bool = True,
+        tensor_parallel: int = 1,
+    ):
+        self.path = resolve_model(str(model) if model is not None else None)
+        self.file = open_model_file(self.path)
+        check_architecture(self.file)
+        check_supported_types(self.file)
+        # tensor_parallel > 1: this process is one rank of a torchrun launch (see gufo.parallel)
+        self.tensor_parallel = tensor_parallel
+        self.tensor_parallel_group = None
+        if tensor_parallel > 1:
+            from gufo.parallel.model import preflight
+            from gufo.parallel.process_group import start
+
+            preflight(self.file, tensor_parallel)
+            self.tensor_parallel_group = start(tensor_parallel, device)
+            device = self.tensor_parallel_group.device
+        self.device = device
+        self.backend = backends.select(device)
+        if threads:
+            torch.set_num_threads(threads)
+        self.tokenizer = Tokenizer.from_gguf(self.file.metadata)
+        started = time.perf_counter()
+        self.model = build_model(self.file, self.backend, self.tensor_parallel_group)
+        self.load_seconds = time.perf_counter() - started
+        cfg = self.model.config
+        self.context = min(context or DEFAULT_CONTEXT, cfg.context_length)
+        if batch_size <= 0:
+            raise BadInputError(f"--batch-size must be positive, got {batch_size}")
+        self.batch_size = batch_size
+        self.cache: KVCache = self.model.new_cache(n_slots, self.context)
+        # per slot, the recurrent state after each token but the last of the latest `decode_tokens`, in
+        # buffers reused from call to call (fresh copies pay page faults each time), and how many are valid
+        self._checkpoints: dict[int, list[list[torch.Tensor]]] = {}
+        self._checkpointed: dict[int, int] = {}
+        # GPU decode steps replay captured graphs unless `graphs` is off (eager op-by-op, for debugging)
+        self.graph_decoder = None
+        if graphs and self.backend == "cuda" and getattr(self.model, "graph_capturable", True):
+            from gufo.engine.graphs.decode import GraphDecoder
+
+            # several tokens per graph step where the decode layer is batch-invariant (speculative drafts)
+            limit = getattr(self.model.decoder[1], "max_tokens", 1) if self.batch_invariant_decode else 1
+            device = backends.device_of(self.backend)
+            self.graph_decoder = GraphDecoder(self.model, self.cache, device, limit)
+        # full prefill chunks (batch_size tokens) replay piecewise graphs around the attention
+        self.prefill_graphs = None
+        if self.graph_decoder is not None and tensor_parallel == 1:
+            from gufo.engine.graphs.prefill import PrefillGraphs
+
+            if PrefillGraphs.supports(self.model):
+                self.prefill_graphs = PrefillGraphs(self.model, self.cache, self.graph_decoder.device)
+        # Rank 0 of a tensor-parallel launch tells the other ranks each step it takes (gufo.parallel.mirror)
+        self.mirror = None
+        if self.tensor_parallel_group is not None and self.tensor_parallel_group.leader:
+            from gufo.parallel.mirror import Leader
+
+            self.mirror = Leader(self.tensor_parallel_group, self.release_graphs)
+
+    def release_graphs(self) -> None:
+        """Free the captured decode graphs. Needed before NCCL communicators are destroyed: a graph
+        holding a collective makes ncclCommDestroy wait forever (pytorch/pytorch#115388)."""
+        if self.graph_decoder is not None:
+            self.graph_decoder.release()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.release()
+
+    @property
+    def follows(self) -> bool:
+        """Whether this is a tensor-parallel rank other than 0: it runs `gufo.parallel.mirror.follow`."""
+        return self.tensor_parallel_group is not None and not self.tensor_parallel_group.leader
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so host timers measure finished steps."""
+        if torch.device(self.device).type != "cpu":
+            torch.accelerator.synchronize(torch.device(self.device))
+
+    def check_fits(self, n_tokens: int) -> None:
+        if n_tokens > self.context:
+            raise BadInputError(f"prompt of {n_tokens} tokens does not fit the context size {self.context}")
+
+    @torch.inference_mode()
+    def prefill(
+        self, tokens: Sequence[int], slot: int = 0, start: int = 0, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Run tokens through the model in chunks of `batch_size`; logits of the last (or every) token."""
+        self.check_fits(start + len(tokens))
+        if not tokens:
+            raise BadInputError("empty prompt: nothing to evaluate")
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        outputs = []
+        for begin in range(0, len(tokens), self.batch_size):
+            chunk = ids[begin : begin + self.batch_size]
+            is_last = begin + self.batch_size >= len(tokens)
+            if self.prefill_graphs is not None and len(chunk) == self.batch_size:
+                hidden = self.prefill_graphs.hidden(chunk, slot, start + begin)
+                logits = self.model.head(hidden, all_logits)
+            else:
+                logits = self.forward(chunk, slot, start + begin, all_logits=all_logits)
+            if all_logits or is_last:
+                outputs.append(logits)
+        return (torch.cat(outputs) if all_logits else outputs[-1][-1]).cpu()
+
+    @torch.inference_mode()
+    def decode(self, token: int, position: int, slot: int = 0) -> torch.Tensor:
+        self.check_fits(position + 1)
+        return self.decode_step(token, position, slot).cpu()
+
+    def forward(
+        self, tokens: torch.Tensor, slot: int, start: int, all_logits: bool = False, per_token: bool = False
+    ) -> torch.Tensor:
+        """One model pass (the only entry to the model besides `decode_step`, so a tensor-parallel leader
+        mirrors every pass to its followers)."""
+        if self.mirror is not None:
+            self.mirror.forward(tokens.tolist(), slot, start, all_logits, per_token)
+        return self.model.forward(tokens, self.cache, slot, start, all_logits=all_logits, per_token=per_token)
+
+    def decode_step(self, token: int, position: int, slot: int) -> torch.Tensor:
+        """Logits (on the device) of one token: a captured-graph replay on a GPU, else one eager pass."""
+        if self.mirror is not None:
+            self.mirror.decode(token, position, slot)
+        if self.graph_decoder is not None:
+            return self.graph_decoder.decode([token], position, slot)[-1]
+        return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1]
+
+    def snapshot(self, slot: int, length: int) -> CacheSnapshot:
+        """`KVCache.snapshot`, taken on every tensor-parallel rank."""
+        if self.mirror is not None:
+            self.mirror.snapshot(slot, length)
+        return self.cache.snapshot(slot, length)
+
+    def restore(self, state: CacheSnapshot) -> None:
+        if self.mirror is not None:
+            self.mirror.restore(state)
+        self.cache.restore(state)
+
+    def set_threads(self, count: int) -> None:
+        if self.mirror is not None:
+            self.mirror.threads(count)
+        torch.set_num_threads(count)
+
+    def rank_peak_memory(self) -> list[int]:
+        """Peak memory of each rank in rank order (one entry without tensor parallelism)."""
+        own = peak_memory_bytes(self.device)
+        return self.mirror.memory(own) if self.mirror is not None else [own]
+
+    @property
+    def batch_invariant_decode(self) -> bool:
+        """Whether `decode_tokens` runs all tokens in one pass (else one decode step each)."""
+        return getattr(self.model.decoder[1], "batch_invariant", False)
+
+    @torch.inference_mode()
+    def decode_tokens(self, tokens: Sequence[int], position: int, slot: int = 0) -> torch.Tensor:
+        """Logits [T, vocab] of consecutive tokens from `position`, each bit-identical to what `decode`
+        gives for it: one pass reading the weights once when the decode kernel is batch-invariant, one
+        decode step per token otherwise (a batched prefill would change near-tied greedy choices).
+        They stay on the engine's device: greedy verification needs only each row's argmax there."""
+        self.check_fits(position + len(tokens))
+        recurrent = self.cache.recurrent
+        if recurrent is not None:  # checkpoints for `keep_tokens`; no batched kernel takes this state yet
+            rows = []
+            pool = self._checkpoints.setdefault(slot, [])
+            for i, t in enumerate(tokens):
+                if i > len(pool):
+                    pool.append(recurrent.save(slot))
+                elif i:
+                    recurrent.save(slot, into=pool[i - 1])
+                rows.append(self.decode_step(t, position + i, slot).clone())  # graphs reuse their buffer
+            self._checkpointed[slot] = len(tokens) - 1
+            return torch.stack(rows)
+        limit = getattr(self.model.decoder[1], "max_tokens", len(tokens))
+        # a lone token (nothing drafted) is a plain decode step: a graph replay on GPUs
+        if not self.batch_invariant_decode or not 1 < len(tokens) <= limit:
+            steps = (self.decode_step(t, position + i, slot).clone() for i, t in enumerate(tokens))
+            return torch.stack(list(steps))
+        if self.graph_decoder is not None and self.mirror is None:  # followers mirror plain steps only
+            return self.graph_decoder.decode(tokens, position, slot).clone()  # the graph's buffer is reused
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        return self.forward(ids, slot, position, all_logits=True, per_token=True)
+
+    def prepare_verification(self, n_tokens: int, slot: int = 0) -> None:
+        """Capture now the graphs that `decode_tokens` replays for up to `n_tokens` tokens on `slot` (one
+        per count), so the first speculative steps do not pay for captures."""
+        if self.graph_decoder is not None and self.mirror is None and self.cache.recurrent is None:
+            self.graph_decoder.prepare(slot, n_tokens)
+
+    @property
+    def rewindable(self) -> bool:
+        """Whether a slot can go back to any earlier position (KV only); recurrent state cannot."""
+        return self.cache.recurrent is None
+
+    def keep_tokens(self, slot: int, count: int) -> None:
+        """Keep only the first `count` tokens of the last `decode_tokens` on `slot` (the rest were rejected
+        drafts). KV entries need nothing: later positions are overwritten before any read. Recurrent state
+        goes back to the checkpoint taken after the first `count` tokens (after all of them it is current)."""
+        if 0 < count <= self._checkpointed.pop(slot, 0):
+            self.cache.recurrent.load(slot, self._checkpoints[slot][count - 1])
+
+    @property
+    def graph_capture_seconds(self) -> float:
+        captures = (self.graph_decoder, self.prefill_graphs)
+        return sum(graphs.capture_seconds for graphs in captures if graphs is not None)
+
+    @torch.inference_mode()
+    def decode_batch(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]
+    ) -> torch.Tensor:
+        """One decode step for several sequences (token i at positions[i] in slots[i]): logits [B, vocab].
+
+        Each row's logits equal what `decode` gives it alone (greedy output does not depend on the
+        batch): one pass reading each weight once for all rows when the decode kernel takes rows of
+        different slots (the fused CPU layer), one decode step per row otherwise."""
+        kernel = self.model.decoder[1]
+        batched = getattr(kernel, "multi_slot", False) and len(tokens) > 1  # the kernel chunks long batches
+        if not batched or self.mirror is not None:  # tensor-parallel followers mirror plain steps only
+            rows = zip(tokens, positions, slots, strict=True)
+            return torch.stack([self.decode(token, position, slot) for token, position, slot in rows])
+        self.check_fits(max(positions) + 1)
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        where = RowPositions(tuple(slots), tuple(positions))
+        return self.model.forward(ids, self.cache, slots[0], where, all_logits=True, per_token=True).cpu()
+
+    def start_generation(
+        self, prompt_ids: Sequence[int], max_tokens: int, params: SamplingParams, slot: int
+    ) -> tuple[GenerationResult, Sampler, torch.Tensor]:
+        """Check the room, prefill the prompt (timed): the result to fill, its sampler, the logits."""
+        result = GenerationResult(list(prompt_ids))
+        self.check_fits(len(prompt_ids) + max(max_tokens - 1, 0))
+        sampler = Sampler(params)
+        started = time.perf_counter()
+        logits = self.prefill(prompt_ids, slot)
+        result.prompt_seconds = time.perf_counter() - started
+        return result, sampler, logits
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        params: SamplingParams,
+        stop_at_eog: bool = True,
+        on_token: Callable[[int], None] | None = None,
+        slot: int = 0,
+    ) -> GenerationResult:
+        result, sampler, logits = self.start_generation(prompt_ids, max_tokens, params, slot)
+        history = list(prompt_ids)
+        started = time.perf_counter()
+        position = len(prompt_ids)
+        for step in range(max_tokens):
+            token = sampler(logits, history)
+            result.generated_ids.append(token)
+            history.append(token)
+            if on_token is not None:
+                on_token(token)
+            if stop_at_eog and token in self.tokenizer.eog_ids:
+                result.stopped_by = "eog"
+                break
+            if step + 1 == max_tokens:
+                break
+            logits = self.decode(token, position, slot)
+            position += 1
+        result.generation_seconds = time.perf_counter() - started
+        return result

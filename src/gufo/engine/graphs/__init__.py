@@ -1,0 +1,1 @@
+"""Decode-step and prefill-chunk CUDA graphs."""

@@ -1,0 +1,107 @@
+"""Decode steps captured as CUDA graphs (torch's graph API also drives HIP graphs on ROCm).
+
+Launching a decode step op by op costs more host time than the GPU needs for it. A captured step is
+replayed with one call: the token ids and positions live in static device tensors, and decode attention
+bounds each token's cache span by its position on the device, so one graph serves every position.
+Graphs are captured lazily per (slot, number of tokens): one token for plain decoding, several for
+verifying speculative drafts (the decode-layer kernel gives each token its one-token numbers). They
+share one memory pool; the only host synchronisation of a step is reading its logits back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+
+from gufo.models.base import DecoderModel
+from gufo.models.kv_cache import KVCache
+from gufo.models.layers import DevicePosition
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def record(graph: torch.cuda.CUDAGraph, pool: tuple, run: Callable[[], T]) -> T:
+    """Capture run() into graph (on the current stream, which must not be the default one), its
+    allocations from `pool`; returns what run returned (the graph's output tensors). capture_begin/end
+    rather than torch.cuda.graph(), whose synchronize and empty_cache made each capture cost ~0.1 s
+    (cached blocks freed, then allocated again)."""
+    graph.capture_begin(pool=pool)
+    try:
+        return run()
+    finally:
+        graph.capture_end()
+
+
+class GraphDecoder:
+    def __init__(self, model: DecoderModel, cache: KVCache, device: torch.device, max_tokens: int = 1):
+        self.model, self.cache, self.device = model, cache, device
+        self.max_tokens = max_tokens
+        self.inputs = torch.zeros(2, max_tokens, dtype=torch.long, device=device)  # token ids, positions
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+
+    def _forward(self, slot: int, n_tokens: int) -> torch.Tensor:
+        tokens, index = self.inputs[0, :n_tokens], self.inputs[1, :n_tokens]
+        return self.model.forward(
+            tokens, self.cache, slot, DevicePosition(index), all_logits=True, per_token=True
+        )
+
+    def _capture(self, slot: int, n_tokens: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        started = time.perf_counter()
+        # recurrent state advances on every run, unlike KV writes: the replay must start from it unchanged
+        saved = None if self.cache.recurrent is None else self.cache.recurrent.save(slot)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            self._forward(slot, n_tokens)  # warm-up outside the graph: lazy allocations, kernel autotuning
+            if saved is not None:
+                self.cache.recurrent.load(slot, saved)
+            logits = record(graph, self.pool, lambda: self._forward(slot, n_tokens))
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.capture_seconds += time.perf_counter() - started
+        log.debug("captured decode graph slot=%d tokens=%d", slot, n_tokens)
+        return graph, logits
+
+    def prepare(self, slot: int, n_tokens: int) -> None:
+        """Capture the graphs of 1..n_tokens tokens on `slot` now (their warm-ups write KV at the end of
+        the cache, which a sequence overwrites before it reads there), so timed steps replay them."""
+        context = self.cache.context
+        for count in range(1, min(n_tokens, self.max_tokens, context) + 1):
+            if (slot, count) not in self.graphs:
+                self.inputs[0, :count].zero_()
+                self.inputs[1, :count].copy_(torch.arange(context - count, context))
+                self.graphs[slot, count] = self._capture(slot, count)
+
+    def release(self) -> None:
+        """Free every captured graph (they are captured again on demand)."""
+        torch.cuda.synchronize(self.device)
+        for graph, _ in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+
+    def decode(self, tokens: Sequence[int], position: int, slot: int) -> torch.Tensor:
+        """Logits [T, vocab] (on the device) of consecutive `tokens` from `position`; writes their KV
+        like eager steps. T is at most `max_tokens`."""
+        n_tokens = len(tokens)
+        if not 0 < n_tokens <= self.max_tokens:
+            raise ValueError(f"{n_tokens} tokens in one graph step (1 to {self.max_tokens})")
+        # The warm-up of a capture runs a real step: set the inputs first so it writes the right KV.
+        if n_tokens == 1:  # no host synchronisation: the values travel as kernel arguments
+            self.inputs[0, 0].fill_(tokens[0])
+            self.inputs[1, 0].fill_(position)
+        else:  # one copy (drafts are verified after the previous step's logits were read anyway)
+            given = torch.tensor([list(tokens), list(range(position, position + n_tokens))])
+            self.inputs[:, :n_tokens].copy_(given)
+        key = (slot, n_tokens)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(slot, n_tokens)
+        graph, logits = self.graphs[key]
+        graph.replay()
+        return logits

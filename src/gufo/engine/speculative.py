@@ -1,0 +1,312 @@
+"""Speculative decoding: cheap proposals verified by the target model, faithful to plain decoding.
+
+A proposer drafts up to `draft_max` tokens that may follow the context: prompt lookup (`NgramProposer`:
+the tokens that followed the longest recent repeat of the context's last n-gram) or a smaller model
+with the same vocabulary (`DraftModelProposer`). The target runs the pending token and the drafts in
+one `Engine.decode_tokens` pass, whose logits for each token are bit-identical to a plain decode step,
+so greedy output equals plain autoregressive decoding exactly. With temperature > 0 a draft is kept
+with probability min(1, p/q) and a rejection draws from normalised max(p - q, 0) (Leviathan et al.
+2023, Chen et al. 2023), so the output distribution is the target's.
+
+Rollback: the KV cache is positional per slot and attention reads only up to the current position,
+so rejected drafts are undone by not advancing the position; their entries are overwritten later.
+Recurrent layers (hybrid models) cannot be rewound so: `decode_tokens` checkpoints their state after
+each token and `Engine.keep_tokens` puts back the one after the last kept token (cheaper than running
+the kept tokens again, which costs a full model pass per token; a checkpoint copies the state only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from gufo.engine.engine import Engine, GenerationResult
+from gufo.engine.sampling import Sampler, SamplingParams
+from gufo.errors import BadInputError
+from gufo.gguf.aliases import resolve_model
+from gufo.gguf.model_file import ModelFile, open_model_file
+
+MODES = ("ngram", "draft")
+NGRAM_MAX = 4  # longest n-gram prompt lookup tries before shorter ones (at least --ngram-min)
+
+
+@dataclass(frozen=True)
+class SpeculativeParams:
+    mode: str = "ngram"
+    draft_max: int = 8
+    draft_min: int = 1  # drafts shorter than this are not verified
+    ngram_min: int = 2
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise BadInputError(f"--speculative: unknown mode {self.mode!r} (known: {', '.join(MODES)})")
+        if self.draft_max < 1 or self.draft_min < 0 or self.ngram_min < 1:
+            raise BadInputError("--draft-max and --ngram-min must be >= 1, --draft-min >= 0")
+        if self.draft_min > self.draft_max:
+            raise BadInputError(f"--draft-min {self.draft_min} exceeds --draft-max {self.draft_max}")
+
+
+@dataclass
+class SpeculativeStats:
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0  # target verification passes
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def add(self, other: SpeculativeStats) -> None:
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.steps += other.steps
+
+    def line(self) -> str:
+        return (
+            f"[Speculative]: drafted={self.drafted} accepted={self.accepted} "
+            f"acceptance={self.accepted}/{self.drafted} steps={self.steps}"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": round(self.acceptance, 6),
+            "steps": self.steps,
+        }
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    # Per drafted token, the distribution it was drawn from; None: each token was certain (q = point mass).
+    probs: list[torch.Tensor] | None = None
+
+
+class Proposer(Protocol):
+    def propose(self, history: Sequence[int], limit: int, sampler: Sampler) -> Draft: ...
+
+
+class NgramProposer:
+    """Prompt lookup: find the most recent earlier occurrence of the context's last n tokens (longest n
+    first, down to ngram_min) and propose the tokens that followed it, up to draft_max."""
+
+    def __init__(self, params: SpeculativeParams):
+        self.params = params
+
+    def propose(self, history: Sequence[int], limit: int, sampler: Sampler) -> Draft:
+        p = self.params
+        limit = min(limit, p.draft_max)
+        for n in range(max(NGRAM_MAX, p.ngram_min), p.ngram_min - 1, -1):
+            if n >= len(history):
+                continue
+            tail = list(history[-n:])
+            for start in range(len(history) - n - 1, -1, -1):
+                if list(history[start : start + n]) == tail:
+                    # Copy what followed; a match overlapping the end runs out of history, so the copy
+                    # goes on over itself (a period-k repeat keeps repeating) instead of stopping short.
+                    sequence = list(history)
+                    for offset in range(limit):
+                        sequence.append(sequence[start + n + offset])
+                    tokens = sequence[len(history) :]
+                    return Draft(tokens if len(tokens) >= p.draft_min else [])
+        return Draft()
+
+
+def check_same_vocabulary(target: ModelFile, draft: ModelFile) -> None:
+    """Drafted ids must mean the same tokens to both models: BadInputError naming what differs."""
+    difference = _vocabulary_difference(target, draft)
+    if difference is not None:
+        raise BadInputError(f"--draft-model {draft.path.name}: vocabulary differs ({difference})")
+
+
+def _vocabulary_difference(target: ModelFile, draft: ModelFile) -> str | None:
+    ours = target.metadata.get("tokenizer.ggml.tokens") or []
+    theirs = draft.metadata.get("tokenizer.ggml.tokens") or []
+    if len(ours) != len(theirs):
+        return f"{len(theirs)} tokens vs the target's {len(ours)}"
+    for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if a != b:
+            return f"token {index} is {b!r}, the target's is {a!r}"
+    return None
+
+
+class DraftModelProposer:
+    """A smaller model with the same vocabulary drafts autoregressively in its own KV slot, which keeps
+    the longest prefix it shares with the context, so each proposal feeds only what changed."""
+
+    def __init__(self, draft: Engine, target: Engine, params: SpeculativeParams, slot: int = 0):
+        check_same_vocabulary(target.file, draft.file)
+        self.engine, self.params, self.slot = draft, params, slot
+        self.fed: list[int] = []  # tokens whose keys and values are in the draft's slot, in order
+
+    def propose(self, history: Sequence[int], limit: int, sampler: Sampler) -> Draft:
+        limit = min(limit, self.params.draft_max, self.engine.context - len(history))
+        if limit < max(1, self.params.draft_min):
+            return Draft()
+        shared = 0
+        for a, b in zip(self.fed, history, strict=False):
+            if a != b:
+                break
+            shared += 1
+        shared = min(shared, len(history) - 1)  # feed at least one token to get logits
+        if shared < len(self.fed) and not self.engine.rewindable:
+            shared = 0  # a recurrent state cannot go back: feed the context again
+        del self.fed[shared:]  # what follows is overwritten now; a failing pass must not leave it claimed
+        logits = self.engine.prefill(history[shared:], self.slot, start=shared)
+        self.fed = list(history)
+        context = list(history)
+        draft = Draft(probs=None if sampler.params.greedy else [])
+        for _ in range(limit):
+            if draft.probs is None:
+                token = int(torch.argmax(logits))
+            else:
+                q = sampler.probabilities(logits, context)
+                token = int(torch.multinomial(q, 1, generator=sampler.generator))
+                draft.probs.append(q)
+            draft.tokens.append(token)
+            context.append(token)
+            if len(draft.tokens) == limit:
+                break
+            logits = self.engine.decode(token, len(context) - 1, self.slot)
+            self.fed.append(token)
+        return draft
+
+
+def accept_or_resample(
+    p: torch.Tensor, q: torch.Tensor | None, drafted: int, generator: torch.Generator
+) -> tuple[int, bool]:
+    """Speculative sampling of one position: keep `drafted` with probability min(1, p/q), else draw from
+    normalised max(p - q, 0). q None: the draft was a point mass on `drafted`. Returns (token, kept)."""
+    q_drafted = 1.0 if q is None else float(q[drafted])
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    if u * q_drafted < float(p[drafted]):
+        return drafted, True
+    if q is None:
+        residual = p.clone()
+        residual[drafted] = 0.0
+    else:
+        residual = (p - q).clamp_min(0.0)
+    total = float(residual.sum())
+    if total <= 0.0:  # p == q up to rounding: a rejection is then (nearly) impossible; draw from p
+        residual, total = p, float(p.sum())
+    return int(torch.multinomial(residual / total, 1, generator=generator)), False
+
+
+def verify(
+    rows: torch.Tensor, draft: Draft, sampler: Sampler, history: list[int], stats: SpeculativeStats
+) -> Iterator[int]:
+    """The tokens of one verification pass, the i-th from rows[i]: each kept draft, then the target's
+    own choice where a draft is rejected, or one more from the last row when all are kept. The caller
+    appends each token to `history` before taking the next (penalties must see it) and stops taking
+    when generation ends."""
+    stats.steps += 1
+    stats.drafted += len(draft.tokens)
+    for index, drafted in enumerate(draft.tokens):
+        if sampler.params.greedy:
+            token = sampler(rows[index], history)
+            kept = token == drafted
+        else:
+            p = sampler.probabilities(rows[index], history)
+            q = None if draft.probs is None else draft.probs[index]
+            token, kept = accept_or_resample(p, q, drafted, sampler.generator)
+        stats.accepted += kept
+        yield token
+        if not kept:
+            return
+    yield sampler(rows[len(draft.tokens)], history)
+
+
+class Speculator:
+    """Generation with speculation on one engine slot; same interface as `Engine.generate`."""
+
+    def __init__(self, engine: Engine, proposer: Proposer):
+        self.engine, self.proposer = engine, proposer
+        self.stats = SpeculativeStats()
+
+    def step(
+        self, history: list[int], wanted: int, sampler: Sampler, slot: int, stats: SpeculativeStats
+    ) -> tuple[torch.Tensor, Iterator[int]]:
+        """Draft after `history`, whose last token is sampled but not yet in the cache, and verify the
+        draft in one target pass: the target's rows and the tokens they give (see `verify`). At most
+        `wanted` tokens are still wanted, so the draft is one shorter: keeping it all adds one more."""
+        draft = self.proposer.propose(history, wanted - 1, sampler)
+        rows = self.engine.decode_tokens([history[-1], *draft.tokens], len(history) - 1, slot)
+        return rows, verify(rows, draft, sampler, history, stats)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        params: SamplingParams,
+        stop_at_eog: bool = True,
+        on_token: Callable[[int], None] | None = None,
+        slot: int = 0,
+    ) -> GenerationResult:
+        engine = self.engine
+        result, sampler, logits = engine.start_generation(prompt_ids, max_tokens, params, slot)
+        self.stats = stats = SpeculativeStats()
+        history = list(prompt_ids)
+        started = time.perf_counter()
+        out = result.generated_ids
+
+        def emit(token: int) -> bool:
+            """Record a token; True when generation ends with it."""
+            out.append(token)
+            history.append(token)
+            if on_token is not None:
+                on_token(token)
+            if stop_at_eog and token in engine.tokenizer.eog_ids:
+                result.stopped_by = "eog"
+                return True
+            return len(out) == max_tokens
+
+        done = max_tokens == 0 or emit(sampler(logits, history))
+        while not done:
+            _, tokens = self.step(history, max_tokens - len(out), sampler, slot, stats)
+            used = 0  # tokens of the pass whose results stay in the cache
+            for token in tokens:
+                used += 1
+                done = emit(token)
+                if done:
+                    break
+            engine.keep_tokens(slot, used)
+        result.generation_seconds = time.perf_counter() - started
+        return result
+
+
+def check_draft_model(target: ModelFile, draft_model: str | None) -> None:
+    """The draft model exists and shares the target's vocabulary: checked before anything loads."""
+    if draft_model is None:
+        raise BadInputError("--speculative draft needs --draft-model MODEL")
+    check_same_vocabulary(target, open_model_file(resolve_model(draft_model)))
+
+
+def make_speculators(
+    engine: Engine, params: SpeculativeParams, draft_model: str | None = None
+) -> list[Speculator]:
+    """One Speculator per KV slot of `engine`, each with its own proposer state; a draft model gets
+    as many slots, slot i drafting for the target's slot i."""
+    n_slots = engine.cache.n_slots
+    for slot in range(n_slots):  # the last sampled token plus at most draft_max drafts per pass
+        engine.prepare_verification(params.draft_max + 1, slot)
+    if params.mode == "ngram":
+        return [Speculator(engine, NgramProposer(params)) for _ in range(n_slots)]
+    check_draft_model(engine.file, draft_model)
+    draft = Engine(
+        draft_model,
+        device=engine.device,
+        context=engine.context,
+        n_slots=n_slots,
+        batch_size=engine.batch_size,
+    )
+    return [Speculator(engine, DraftModelProposer(draft, engine, params, slot)) for slot in range(n_slots)]
+
+
+def make_speculator(engine: Engine, params: SpeculativeParams, draft_model: str | None = None) -> Speculator:
+    """For generation on slot 0 of a one-slot engine (the CLI's)."""
+    return make_speculators(engine, params, draft_model)[0]

@@ -1,0 +1,1 @@
+"""Architecture modules: one file per GGUF `general.architecture`."""

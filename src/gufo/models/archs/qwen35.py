@@ -1,0 +1,282 @@
+"""`qwen35` architecture (dense Qwen3.5): a hybrid of Gated DeltaNet and gated full attention.
+
+Layer i is Gated DeltaNet linear attention where `attention.recurrent_layers` (one boolean per layer,
+llama.cpp reads it first) says so; without that key, layer i is full attention when
+(i + 1) % full_attention_interval == 0, else Gated DeltaNet linear
+attention. Both are followed by the SwiGLU FFN, pre-norm, residual (the pre-FFN norm is named
+post_attention_norm). Layout and weight transforms are those of llama.cpp's converter:
+
+- RMSNorm weights already hold Qwen's 1 + w (all but the gated norm `ssm_norm`, which is used as is).
+- Full attention: `attn_q` rows are [query, gate] per head; out = o(attention * sigmoid(gate)); per-head
+  QK RMSNorm; NeoX RoPE over the first `rope.dimension_count` dims. The file's M-RoPE sections rotate
+  every section by the same text position, which is plain RoPE.
+- DeltaNet: `attn_qkv` (q, k, v), `attn_gate` (z), `ssm_beta`, `ssm_alpha` read the normed input; q, k,
+  v pass the causal conv `ssm_conv1d` ([channels, kernel]) and SiLU; q and k are L2-normed; decay
+  g = ssm_a * softplus(alpha + ssm_dt.bias) with ssm_a = -exp(A_log); beta = sigmoid(beta). The output
+  is RMSNorm(o) * silu(z) per value head, then `ssm_out`. Value heads are stored tiled over the key heads
+  (value head h reads key head h % key_heads).
+- `nextn_predict_layers` multi-token-prediction blocks appended after the trunk are not run.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gufo.errors import BadInputError
+from gufo.gguf.model_file import ModelFile
+from gufo.kernels import backends, registry
+from gufo.kernels.registry import REFERENCE_BACKEND
+from gufo.models.base import DecoderLayer, DecoderModel, ModelConfig, SelfAttention
+from gufo.models.kv_cache import KVCache
+from gufo.models.layers import (
+    DevicePosition,
+    FusedLinear,
+    Linear,
+    RMSNorm,
+    attention_scale,
+    vector,
+)
+from gufo.models.recurrent_state import RecurrentShape, RecurrentState
+from gufo.models.registry import register_architecture
+from gufo.models.rope import Rope, rope_from_file
+
+DEFAULT_FULL_ATTENTION_INTERVAL = 4  # llama.cpp's default when the key is absent
+
+
+@dataclass(frozen=True)
+class DeltaNetShape:
+    conv_kernel: int
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+
+    @classmethod
+    def from_file(cls, mf: ModelFile) -> DeltaNetShape:
+        key_heads = int(mf.arch_key("ssm.group_count"))
+        value_heads = int(mf.arch_key("ssm.time_step_rank"))
+        inner = int(mf.arch_key("ssm.inner_size"))
+        if key_heads <= 0 or value_heads % key_heads or inner % value_heads:
+            raise BadInputError(
+                f"{mf.label}: ssm.time_step_rank {value_heads} must be a multiple of ssm.group_count "
+                f"{key_heads}, and ssm.inner_size {inner} a multiple of ssm.time_step_rank"
+            )
+        conv = int(mf.arch_key("ssm.conv_kernel"))
+        return cls(conv, key_heads, value_heads, int(mf.arch_key("ssm.state_size")), inner // value_heads)
+
+    @property
+    def channels(self) -> int:
+        """Conv channels: q, k and v."""
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+
+def _check_shape(mf: ModelFile, name: str, expected: tuple[int, ...]) -> None:
+    actual = mf.tensor(name).shape
+    if tuple(actual) != expected:
+        raise BadInputError(f"{mf.label}: tensor {name} has shape {list(actual)}, expected {list(expected)}")
+
+
+def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet:
+    """Linear attention with a recurrent state per slot (conv window + delta-rule matrices)."""
+
+    rope: Rope | None = None  # positions enter only through the order of the recurrence
+    tiled_value_heads = True  # value head h reads key head h % key_heads (else h // heads per key)
+
+    def __init__(self, mf: ModelFile, prefix: str, shape: DeltaNetShape, eps: float, backend: str):
+        s, device = shape, backends.device_of(backend)
+        projections = self.projections(shape)
+        names = [f"{prefix}.{n}.weight" for n in projections]
+        for name, rows in zip(names, projections.values(), strict=True):
+            _check_shape(mf, name, (rows, mf.tensor(name).shape[-1]))
+        _check_shape(mf, f"{prefix}.ssm_conv1d.weight", (s.channels, s.conv_kernel))
+        for name in (f"{prefix}.ssm_dt.bias", f"{prefix}.ssm_a"):
+            _check_shape(mf, name, (s.value_heads,))
+        self.shape, self.eps = shape, eps
+        self.in_proj = FusedLinear(mf, names, backend)
+        self.conv_weight = vector(mf, f"{prefix}.ssm_conv1d.weight").reshape(s.channels, -1).to(device)
+        self.dt_bias = vector(mf, f"{prefix}.ssm_dt.bias").to(device)
+        self.a = vector(mf, f"{prefix}.ssm_a").to(device)  # -exp(A_log), stored so by the converter
+        self.norm = RMSNorm(mf, f"{prefix}.ssm_norm.weight", eps, backend)
+        self.out = Linear(mf, f"{prefix}.ssm_out.weight", backend)
+        _, self.conv = registry.lookup(backend, "causal_conv1d")
+        _, self.delta_rule = registry.lookup(backend, "gated_delta_rule")
+
+    @staticmethod
+    def projections(s: DeltaNetShape) -> dict[str, int]:
+        """The input projections (tensor name -> output rows), all reading the normed input."""
+        h = s.value_heads
+        return {"attn_qkv": s.channels, "attn_gate": h * s.value_dim, "ssm_beta": h, "ssm_alpha": h}
+
+    def project(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """qkv, z, beta logits, alpha: [T, channels], [T, value_heads * value_dim], [T, value_heads] x 2."""
+        return self.in_proj(x)
+
+    def _per_value_head(self, t: torch.Tensor, per_key: int) -> torch.Tensor:
+        """Key heads [T, key_heads, D] -> one per value head, in the file's value-head order."""
+        return t.repeat(1, per_key, 1) if self.tiled_value_heads else t.repeat_interleave(per_key, 1)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: KVCache,
+        layer: int,
+        slot: int,
+        start_pos: int | DevicePosition,
+    ) -> torch.Tensor:
+        s, n = self.shape, x.shape[0]
+        state = cache.recurrent
+        qkv, z, b, a = self.project(x)
+        mixed = F.silu(self.conv.apply(qkv, state.conv[layer][slot], self.conv_weight))
+        q, k, v = mixed.split(
+            [s.key_heads * s.key_dim, s.key_heads * s.key_dim, s.value_heads * s.value_dim], -1
+        )
+        q = l2_normalize(q.reshape(n, s.key_heads, s.key_dim), self.eps)
+        k = l2_normalize(k.reshape(n, s.key_heads, s.key_dim), self.eps)
+        if s.value_heads != s.key_heads:
+            q, k = (self._per_value_head(t, s.value_heads // s.key_heads) for t in (q, k))
+        g = self.a * F.softplus(a + self.dt_bias)
+        v = v.reshape(n, s.value_heads, s.value_dim)
+        out = self.delta_rule.apply(q, k, v, g, torch.sigmoid(b), state.delta[layer][slot], s.key_dim**-0.5)
+        out = self.norm(out) * F.silu(z.reshape(n, s.value_heads, s.value_dim))
+        return self.out(out.reshape(n, -1))
+
+
+class GatedAttention(SelfAttention):
+    """Full attention whose query projection also yields a per-head output gate (sigmoid)."""
+
+    def __init__(self, mf: ModelFile, prefix: str, cfg: ModelConfig, backend: str, rope: Rope):
+        if f"{prefix}.attn_qkv.weight" not in mf.tensors:
+            _check_shape(mf, f"{prefix}.attn_q.weight", (self.query_rows(cfg), cfg.n_embd))
+        super().__init__(mf, prefix, cfg, backend, rope, attention_scale(mf, cfg.key_dim), qk_norm=True)
+
+    @staticmethod
+    def query_rows(cfg: ModelConfig) -> int:
+        """Rows of the query projection: each head's query, then its gate."""
+        return 2 * cfg.n_heads * cfg.key_dim
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        layer: int,
+        slot: int,
+        start_pos: int | DevicePosition,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q_gate, k, v = self.qkv(x)
+        q, gate = q_gate.reshape(n, self.cfg.n_heads, 2, self.cfg.key_dim).unbind(2)
+        out = self.attend(q, k, v, rope_tables, cache, layer, slot, start_pos)
+        return self.o(out * torch.sigmoid(gate.reshape(n, -1)))
+
+
+def recurrent_layers(mf: ModelFile, n_layers: int) -> tuple[int, ...]:
+    """The trunk's DeltaNet layers (llama.cpp's order: the per-layer list, then the interval)."""
+    interval = int(mf.arch_key("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL))
+    flags = mf.arch_key("attention.recurrent_layers", None)
+    if flags is not None:
+        if not isinstance(flags, list) or len(flags) < n_layers:
+            raise BadInputError(
+                f"{mf.label}: attention.recurrent_layers must list each of the {n_layers} layers"
+            )
+        return tuple(i for i in range(n_layers) if flags[i])
+    if interval <= 0:
+        raise BadInputError(f"{mf.label}: full_attention_interval must be positive, got {interval}")
+    return tuple(i for i in range(n_layers) if (i + 1) % interval)
+
+
+@register_architecture("qwen35")
+class Qwen35Model(DecoderModel):
+    delta_net: type[GatedDeltaNet] = GatedDeltaNet  # the linear-attention mixer (its file layout)
+
+    def __init__(self, mf: ModelFile, backend: str):
+        cfg = ModelConfig.from_file(mf)
+        cfg.n_layers -= int(mf.arch_key("nextn_predict_layers", 0))
+        super().__init__(mf, cfg, backend)
+        self.delta_shape = DeltaNetShape.from_file(mf)
+        self.recurrent_layers = recurrent_layers(mf, cfg.n_layers)
+        rope_dim = int(mf.arch_key("rope.dimension_count", cfg.key_dim))
+        mf.arch_key("rope.dimension_sections", None)  # one text position rotates every section alike
+        self.rope = rope_from_file(mf, rope_dim, True, 10_000_000.0)
+        self.ropes = [self.rope]
+        for i in range(cfg.n_layers):
+            prefix = f"blk.{i}"
+            if i in self.recurrent_layers:
+                mixer: Any = self.delta_net(mf, prefix, self.delta_shape, cfg.rms_eps, backend)
+            else:
+                mixer = GatedAttention(mf, prefix, cfg, backend, self.rope)
+            ffn = self.feed_forward(mf, prefix, backend)
+            layer = DecoderLayer(mf, i, cfg, backend, mixer, "silu", False, "post_attention_norm", ffn)
+            self.layers.append(layer)
+
+    def known_unused(self, tensor_name: str) -> bool:
+        """The multi-token-prediction blocks after the trunk (not run: no MTP speculation yet)."""
+        parts = tensor_name.split(".")
+        return parts[0] == "blk" and int(parts[1]) >= self.config.n_layers
+
+    def feed_forward(self, mf: ModelFile, prefix: str, backend: str) -> Any:
+        """The block's FFN; None is DecoderLayer's dense SwiGLU."""
+        return None
+
+    def new_cache(self, n_slots: int, context: int) -> KVCache:
+        """KV entries for the attention layers only, recurrent state for the others."""
+        cfg, s = self.config, self.delta_shape
+        shape = RecurrentShape(
+            self.recurrent_layers,
+            (s.channels, s.conv_kernel - 1),
+            (s.value_heads, s.key_dim, s.value_dim),
+        )
+        attention_layers = [i for i in range(cfg.n_layers) if i not in self.recurrent_layers]
+        return super().new_cache(
+            n_slots,
+            context,
+            attention_layers=attention_layers,
+            # float32 whatever the KV type: the state accumulates over the whole sequence
+            recurrent=RecurrentState(shape, n_slots, device=self.device),
+        )
+
+    @functools.cached_property
+    def decoder(self) -> tuple[str, Any, Any]:
+        """The torch layers: the fused decode kernels take attention layers only."""
+        route, kernel = registry.lookup(REFERENCE_BACKEND, "decode_layer")
+        return route, kernel, kernel.prepare(self.layers)
+
+    def block(
+        self,
+        index: int,
+        x: torch.Tensor,
+        tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]],
+        cache: KVCache,
+        slot: int,
+        start_pos: int | DevicePosition,
+        per_token: bool = False,
+    ) -> torch.Tensor:
+        layer = self.layers[index]
+        return layer(x, tables.get(layer.attn.rope), cache, index, slot, start_pos)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        slot: int,
+        start_pos: int | DevicePosition,
+        all_logits: bool = False,
+        per_token: bool = False,
+    ) -> torch.Tensor:
+        """As `DecoderModel.forward`; a pass from position 0 starts the slot's recurrent state afresh, any
+        other continues it (so it must continue the sequence the state holds)."""
+        if cache.recurrent is None:
+            raise TypeError(f"{self.config.architecture} needs the cache of its new_cache (recurrent state)")
+        position = start_pos.index if isinstance(start_pos, DevicePosition) else start_pos
+        cache.recurrent.start(slot, position)
+        return super().forward(tokens, cache, slot, start_pos, all_logits=all_logits, per_token=per_token)

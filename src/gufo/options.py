@@ -1,0 +1,72 @@
+"""Run options: the settings that pick routes and kernels, built once (by the CLI, from flags with
+environment variables as defaults), handed down explicitly and recorded in every bench row.
+
+Nothing in gufo reads these variables at import; `from_environment` is called by whoever builds the
+options, with the mapping it chooses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+
+from gufo.errors import BadInputError
+
+INT8_LIMIT_ENV = "GUFO_INT8_MIN_WEIGHTS"
+DEPENDENT_LAUNCH_ENV = "GUFO_DEPENDENT_LAUNCH"
+# docs/decisions.md, "int8 activations only for large matrices"
+DEFAULT_INT8_MIN_WEIGHTS = 2**21
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """What the GPU kernels are built with (the CPU kernels take none of these)."""
+
+    # smallest matrix (N * K weights) whose float32 activations are quantized to int8 for its
+    # products (formats with int8 kernels); 0: every such matrix
+    int8_min_weights: int = DEFAULT_INT8_MIN_WEIGHTS
+    # programmatic dependent launch on sm_90+ (each kernel's prologue overlaps the previous one's tail)
+    dependent_launch: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.int8_min_weights, bool) or not isinstance(self.int8_min_weights, int):
+            raise BadInputError(
+                f"int8 limit: expected a whole number of weights, got {self.int8_min_weights!r}"
+            )
+        if self.int8_min_weights < 0:
+            raise BadInputError(f"int8 limit: expected 0 or more weights, got {self.int8_min_weights}")
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> KernelOptions:
+        """The defaults, overridden by GUFO_INT8_MIN_WEIGHTS and GUFO_DEPENDENT_LAUNCH (0 turns it off)."""
+        options = cls()
+        text = environ.get(INT8_LIMIT_ENV)
+        if text is not None:
+            if not text.strip().isdigit():
+                raise BadInputError(
+                    f"{INT8_LIMIT_ENV}={text!r}: expected a whole number of weights (0: int8 activations for "
+                    "every matrix of the formats that have int8 kernels)"
+                )
+            options = replace(options, int8_min_weights=int(text))
+        launch = environ.get(DEPENDENT_LAUNCH_ENV)
+        if launch is not None:
+            if launch.strip() not in ("0", "1"):
+                raise BadInputError(f"{DEPENDENT_LAUNCH_ENV}={launch!r}: expected 0 or 1")
+            options = replace(options, dependent_launch=launch.strip() == "1")
+        return options
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How an engine runs a model: the device, graph capture, CPU threads and the kernels' options."""
+
+    device: str = "cpu"
+    graphs: bool = True  # GPU decode steps and full prefill chunks replay captured CUDA graphs
+    threads: int | None = None  # CPU threads (torch's default when None)
+    kernels: KernelOptions = field(default_factory=KernelOptions)
+
+    def record(self) -> dict[str, object]:
+        """The options as a flat JSON-ready dict (bench rows carry it next to `routes`)."""
+        flat = asdict(self)
+        flat.update(flat.pop("kernels"))
+        return flat

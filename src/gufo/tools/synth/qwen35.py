@@ -1,0 +1,72 @@
+"""The qwen35 (dense Qwen3.5) file layout of `gufo synth`, as llama.cpp's converter writes it.
+
+Layer i is Gated DeltaNet when (i + 1) % full_attention_interval != 0, else gated full attention whose
+`attn_q` rows hold query and gate. The converter's `--no-mtp` layout: no multi-token-prediction block.
+"""
+
+from __future__ import annotations
+
+from gufo.gguf.model_file import ModelFile
+from gufo.tools.synth.presets import Qwen35Shape
+from gufo.tools.synth.type_mix import QuantMix
+from gufo.tools.synth.writer import SynthPlan, matrix_shape, plan_tensors, transformer_hparams
+
+ARCH = "qwen35"
+ATTENTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
+DELTANET_KINDS = (
+    "attn_qkv",
+    "attn_gate",
+    "ssm_beta",
+    "ssm_alpha",
+    "ssm_conv1d",
+    "ssm_dt",
+    "ssm_a",
+    "ssm_norm",
+    "ssm_out",
+)
+FFN_KINDS = ("post_attention_norm", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def tensor_shape(kind: str, shape: Qwen35Shape, vocab_size: int) -> tuple[int, ...]:
+    """PyTorch shape (rows, cols) or (n,) of tensor `kind` in the converter's layout."""
+    s, hidden = shape, shape.hidden_size
+    key_width = s.linear_num_key_heads * s.linear_key_head_dim
+    value_width = s.linear_num_value_heads * s.linear_value_head_dim
+    own = {
+        "attn_q": (2 * s.num_attention_heads * s.head_dim, hidden),  # query and output gate
+        "post_attention_norm": (hidden,),
+        "attn_qkv": (2 * key_width + value_width, hidden),
+        "attn_gate": (value_width, hidden),
+        "ssm_beta": (s.linear_num_value_heads, hidden),
+        "ssm_alpha": (s.linear_num_value_heads, hidden),
+        "ssm_conv1d": (2 * key_width + value_width, s.linear_conv_kernel_dim),
+        "ssm_dt": (s.linear_num_value_heads,),
+        "ssm_a": (s.linear_num_value_heads,),
+        "ssm_norm": (s.linear_value_head_dim,),
+        "ssm_out": (hidden, value_width),
+    }
+    return own[kind] if kind in own else matrix_shape(kind, shape, vocab_size)
+
+
+def plan_qwen35(preset: str, shape: Qwen35Shape, mix: QuantMix, vocab: ModelFile) -> SynthPlan:
+    """Every tensor of the file: name, shape and llama-quantize's type for `mix`."""
+    entries = [("token_embd", -1), ("output_norm", -1)]
+    if not shape.tie_word_embeddings:
+        entries.append(("output", -1))
+    for layer in range(shape.num_hidden_layers):
+        mixer = DELTANET_KINDS if shape.is_recurrent(layer) else ATTENTION_KINDS
+        entries += [(kind, layer) for kind in ("attn_norm", *mixer, *FFN_KINDS)]
+    tensors = plan_tensors(entries, lambda kind, n: tensor_shape(kind, shape, n), shape, mix, vocab)
+    s = shape
+    hparams = transformer_hparams(shape) | {
+        "ssm.conv_kernel": s.linear_conv_kernel_dim,
+        "ssm.state_size": s.linear_key_head_dim,
+        "ssm.group_count": s.linear_num_key_heads,
+        "ssm.time_step_rank": s.linear_num_value_heads,
+        "ssm.inner_size": s.linear_value_head_dim * s.linear_num_value_heads,
+        "full_attention_interval": s.full_attention_interval,
+        "rope.dimension_count": int(s.head_dim * s.partial_rotary_factor),
+        # Text positions rotate every M-RoPE section alike; llama.cpp requires the key (4 entries).
+        "rope.dimension_sections": (*s.mrope_section, 0),
+    }
+    return SynthPlan(preset, shape, mix, vocab, tensors, ARCH, "Qwen3.5", hparams)
