@@ -19,13 +19,19 @@ from collections.abc import Callable
 import torch
 
 from gufo.engine.engine import Engine
+from gufo.options import RunOptions
 from gufo.tools.quality.validate_prefill import decode_sequentially, validation_tokens
 
 
 def final_logits(
-    model: str, n_tokens: int, device: str, use: Callable[[Engine, list[int]], torch.Tensor], **options
+    model: str,
+    n_tokens: int,
+    device: str,
+    use: Callable[[Engine, list[int]], torch.Tensor],
+    graphs: bool = True,
+    **options,
 ) -> torch.Tensor:
-    engine = Engine(model, device=device, **options)
+    engine = Engine(model, RunOptions(device=device, graphs=graphs), **options)
     with torch.inference_mode():
         logits = use(engine, validation_tokens(engine, n_tokens)).float()
     del engine

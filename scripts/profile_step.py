@@ -20,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from gufo.engine.engine import Engine
 from gufo.engine.graphs.decode import GraphDecoder
+from gufo.options import RunOptions
 
 
 def table(prof: profile, rows: int) -> str:
@@ -37,8 +38,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=25, help="kernels to list")
     parser.add_argument("-ub", "--ubatch", type=int, default=2048, help="prefill chunk size")
     args = parser.parse_args()
-    engine = Engine(args.model, device="cuda", context=args.depth + args.prompt + args.steps + 8,
-                    batch_size=args.ubatch, graphs=False)  # fmt: skip
+    context = args.depth + args.prompt + args.steps + 8
+    options = RunOptions(device="cuda", graphs=False)
+    engine = Engine(args.model, options, context=context, batch_size=args.ubatch)
     rng = random.Random(0)
     tokens = [
         rng.randrange(engine.config.vocab_size) for _ in range(args.depth + args.prompt + args.steps + 1)

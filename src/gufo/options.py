@@ -16,6 +16,8 @@ INT8_LIMIT_ENV = "GUFO_INT8_MIN_WEIGHTS"
 DEPENDENT_LAUNCH_ENV = "GUFO_DEPENDENT_LAUNCH"
 # docs/decisions.md, "int8 activations only for large matrices"
 DEFAULT_INT8_MIN_WEIGHTS = 2**21
+DEFAULT_CONTEXT = 4096  # tokens of KV cache, capped at the model's context length
+DEFAULT_BATCH = 2048  # prompt tokens per prefill pass
 
 
 @dataclass(frozen=True)

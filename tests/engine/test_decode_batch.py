@@ -9,12 +9,13 @@ import torch
 
 from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
+from gufo.options import RunOptions
 
 PROMPTS = [[1, 5, 9, 20], [3, 4], [7, 8, 9, 10, 11, 12, 13]]
 
 
 def prefilled(model: str) -> Engine:
-    engine = Engine(model, context=128, n_slots=len(PROMPTS), threads=2)
+    engine = Engine(model, options=RunOptions(threads=2), context=128, n_slots=len(PROMPTS))
     for slot, prompt in enumerate(PROMPTS):
         engine.prefill(prompt, slot=slot)
     return engine
@@ -26,7 +27,7 @@ def test_batched_rows_equal_their_own_decode_steps(model, monkeypatch):
     alone = prefilled(model)
     want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, positions, slots, strict=True)])
     batched = prefilled(model)
-    assert batched.model.decoder[1].multi_slot
+    assert batched.model.decode_route.multi_slot
     monkeypatch.setattr(Engine, "decode", lambda *a, **k: pytest.fail("decode_batch fell back to rows"))
     got = batched.decode_batch(tokens, positions, slots)
     assert torch.equal(got, want)

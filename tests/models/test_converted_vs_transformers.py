@@ -17,6 +17,7 @@ from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import open_model_file
 from gufo.models.registry import build_model
+from gufo.options import RunOptions
 from gufo.tools.quality.validate_prefill import validate_prefill
 from tests.conftest import gufo
 
@@ -143,7 +144,9 @@ def test_logits_match_transformers_at_every_position(request, converted, backend
 def test_validate_prefill_passes(converted, device):
     """On the GPU: decode steps replayed from CUDA graphs against chunked prefill."""
     _, path = converted
-    engine = Engine(path, device=device, context=SEQ, batch_size=24)  # 24 + 24 + 16: uneven chunks
+    engine = Engine(
+        path, options=RunOptions(device=device), context=SEQ, batch_size=24
+    )  # 24 + 24 + 16: uneven chunks
     result = validate_prefill(engine, SEQ)
     assert result.passed, result.lines()
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gufo.engine.engine import Engine
+from gufo.options import RunOptions
 from gufo.tools.quality.logit_diff import compare_logits
 from gufo.tools.quality.validate_prefill import validate_prefill
 from gufo.tools.synth import find_mix, find_preset, plan_qwen3, write_synth
@@ -32,7 +33,7 @@ def synth_model(request, tmp_path_factory):
 def test_gpu_logits_match_the_cpu_engine(synth_model):
     tokens = list(range(100, 164))
     cpu = Engine(synth_model, context=128).prefill(tokens, all_logits=True)
-    gpu_engine = Engine(synth_model, device="cuda", context=128)
+    gpu_engine = Engine(synth_model, options=RunOptions(device="cuda"), context=128)
     gpu = gpu_engine.prefill(tokens, all_logits=True)
     for position in (0, 31, 63):
         diff = compare_logits(cpu[position], gpu[position])
@@ -43,7 +44,7 @@ def test_gpu_logits_match_the_cpu_engine(synth_model):
 
 
 def test_validate_prefill_on_gpu(synth_model):
-    engine = Engine(synth_model, device="cuda", context=512)
+    engine = Engine(synth_model, options=RunOptions(device="cuda"), context=512)
     engine.batch_size = 100  # 256 = 100 + 100 + 56: chunks that do not divide the prompt
     result = validate_prefill(engine, 256)
     assert result.passed, result.lines()
@@ -53,8 +54,10 @@ def test_prefill_graphs_equal_eager_prefill(synth_model):
     """Full prefill chunks replay piecewise graphs (attention eager between them): every token's logits
     and the KV they write equal the eager layers' bit for bit, for chunks at three depths in slot 1."""
     prompt = list(range(100, 292))  # 3 chunks of 64: one capture, then two replays deeper in the cache
-    graphed = Engine(synth_model, device="cuda", context=256, n_slots=2, batch_size=64)
-    eager = Engine(synth_model, device="cuda", context=256, n_slots=2, batch_size=64, graphs=False)
+    graphed = Engine(synth_model, options=RunOptions(device="cuda"), context=256, n_slots=2, batch_size=64)
+    eager = Engine(
+        synth_model, options=RunOptions(device="cuda", graphs=False), context=256, n_slots=2, batch_size=64
+    )
     got = graphed.prefill(prompt, slot=1, all_logits=True)
     want = eager.prefill(prompt, slot=1, all_logits=True)
     assert list(graphed.prefill_graphs.graphs) == [(1, 64)]
@@ -68,8 +71,8 @@ def test_graph_replay_equals_eager_decode(synth_model):
     """Captured decode steps give the eager steps' logits, across a span boundary and in slot 1; one
     graph serves both spans."""
     prompt = list(range(200, 450))  # decode from position 250: spans 256 and 512
-    graphed = Engine(synth_model, device="cuda", context=600, n_slots=2)
-    eager = Engine(synth_model, device="cuda", context=600, n_slots=2, graphs=False)
+    graphed = Engine(synth_model, options=RunOptions(device="cuda"), context=600, n_slots=2)
+    eager = Engine(synth_model, options=RunOptions(device="cuda", graphs=False), context=600, n_slots=2)
     for engine in (graphed, eager):
         engine.prefill(prompt, slot=1)
     for offset, token in enumerate(range(11, 21)):
@@ -83,8 +86,8 @@ def test_speculative_verification_is_bit_identical(synth_model):
     """Drafted tokens verified in one pass (a captured multi-token graph, and eagerly) give exactly the
     graph-replayed one-token steps' logits (greedy speculation cannot change the output), across a
     256-entry span boundary."""
-    engine = Engine(synth_model, device="cuda", context=600)
-    eager = Engine(synth_model, device="cuda", context=600, graphs=False)
+    engine = Engine(synth_model, options=RunOptions(device="cuda"), context=600)
+    eager = Engine(synth_model, options=RunOptions(device="cuda", graphs=False), context=600)
     prompt = list(range(300, 550))
     drafted = [5, 9, 13, 17, 21, 25, 29, 33, 37, 41]  # positions 250..259
     engine.prepare_verification(len(drafted))  # captured up front: verification replays, never captures

@@ -18,6 +18,7 @@ from gufo.engine.speculative import (
     SpeculativeParams,
     Speculator,
 )
+from gufo.options import RunOptions
 from gufo.tools.quality.validate_prefill import validate_prefill
 from tests.conftest import gufo
 from tests.engine.scripted_proposer import check_rejections_leave_plain_state
@@ -143,7 +144,7 @@ def test_cuda_matches_the_cpu_with_and_without_graphs(model_path):
     tokens = [(i * 37) % 128 for i in range(200)]
     cpu = Engine(model_path, context=256).prefill(tokens, all_logits=True)
     for graphs in (True, False):
-        engine = Engine(model_path, device="cuda", context=256, graphs=graphs)
+        engine = Engine(model_path, options=RunOptions(device="cuda", graphs=graphs), context=256)
         steps = torch.stack([engine.decode(t, i) for i, t in enumerate(tokens)])
         assert float((steps - cpu).abs().max()) < 1e-2  # float16 KV on GPUs (3e-3 measured on an H200)
         assert torch.equal(steps.argmax(-1), cpu.argmax(-1))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from gufo.options import RunOptions
 from tests.conftest import DEVICE, GOLDENS, MODELS, golden
 
 MARGIN = 1.0  # steps where llama.cpp's top1-top2 margin is below this may legitimately differ
@@ -16,7 +17,7 @@ KL_LIMIT = 0.02
 def engine(request):
     from gufo.engine.engine import Engine
 
-    return request.param, Engine(request.param, device=DEVICE, context=512)
+    return request.param, Engine(request.param, options=RunOptions(device=DEVICE), context=512)
 
 
 def test_teacher_forced_argmax_matches_llamacpp(engine):
@@ -72,8 +73,8 @@ def test_prefill_graphs_equal_eager_prefill(engine):
     alias, _ = engine
     first = golden(alias)["prompts"][0]
     prompt = ((first["prompt_ids"] + first["greedy_ids"]) * 64)[:768]
-    graphed = Engine(alias, device=DEVICE, context=1024, batch_size=256)
-    eager = Engine(alias, device=DEVICE, context=1024, batch_size=256, graphs=False)
+    graphed = Engine(alias, options=RunOptions(device=DEVICE), context=1024, batch_size=256)
+    eager = Engine(alias, options=RunOptions(device=DEVICE, graphs=False), context=1024, batch_size=256)
     got = graphed.prefill(prompt, all_logits=True)
     assert list(graphed.prefill_graphs.graphs) == [(0, 256)]
     assert torch.equal(got, eager.prefill(prompt, all_logits=True))

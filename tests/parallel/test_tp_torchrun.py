@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from gufo.options import RunOptions
 from tests.conftest import HANG_GUARD_S, gufo
 from tests.engine.tiny_model import write_tiny_model
 
@@ -79,7 +80,9 @@ def test_serve_rank0_answers_like_a_single_process(tiny):
         for prompt in ("t1 t2 t3", "t1 t2 t3 t4 t5")
     ]
     settings = ServerSettings(model_id="tiny")
-    with live_server(settings, lambda: Engine(tiny, context=64, n_slots=2, threads=1)) as server:
+    with live_server(
+        settings, lambda: Engine(tiny, options=RunOptions(threads=1), context=64, n_slots=2)
+    ) as server:
         expected = [server.request("POST", "/v1/completions", body)[1] for body in bodies]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from gufo.engine.engine import Engine
+from gufo.options import RunOptions
 from gufo.server.app import listen, make_server
 from gufo.server.settings import ServerSettings
 from tests.conftest import HANG_GUARD_S
@@ -25,7 +26,7 @@ CONTEXT = 512
 
 def load_engine(n_slots: int) -> Engine:
     # One thread: on a shared 2-core machine OpenMP barriers stall badly when oversubscribed.
-    return Engine(MODEL, context=CONTEXT, n_slots=n_slots, threads=1)
+    return Engine(MODEL, options=RunOptions(threads=1), context=CONTEXT, n_slots=n_slots)
 
 
 @dataclass

@@ -15,10 +15,12 @@ from gufo.cli.common import (
     add_tensor_parallel_flag,
     parse_noise,
     positive_int,
+    run_options,
     speculative_params,
 )
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import DEFAULT_MODEL
+from gufo.parallel.engine import follows
 from gufo.parallel.mirror import follow
 from gufo.tools.bench.lists import parse_int_list, parse_pair, parse_positive_list
 from gufo.tools.bench.machine import build_info
@@ -159,8 +161,7 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
         repetitions=args.repetitions,
         warmup=not args.no_warmup,
         delay=args.delay,
-        device=args.device,
-        graphs=not args.eager,
+        options=run_options(args),
         validate_prefill=args.validate_prefill,
         prefill_noise=parse_noise(),
         speculative=speculative,
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     engines = EngineCache(plan)
     if plan.tensor_parallel > 1:  # every rank joins (or is refused) before anything prints
         engine = engines.get(plan.models[0])
-        if engine.follows:  # rank 0 benchmarks and prints; the others run its steps
+        if follows(engine):  # rank 0 benchmarks and prints; the others run its steps
             return follow(engine)
     progress = progress_callback(args)
     validations = run_validations(plan, engines, print_validation, progress)

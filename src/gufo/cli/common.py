@@ -6,10 +6,18 @@ import argparse
 import os
 import re
 
-from gufo.engine.engine import DEFAULT_BATCH, DEFAULT_CONTEXT
 from gufo.engine.sampling import SamplingParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
+from gufo.options import (
+    DEFAULT_BATCH,
+    DEFAULT_CONTEXT,
+    DEFAULT_INT8_MIN_WEIGHTS,
+    DEPENDENT_LAUNCH_ENV,
+    INT8_LIMIT_ENV,
+    KernelOptions,
+    RunOptions,
+)
 
 
 def _int_at_least(minimum: int, wording: str):
@@ -105,6 +113,32 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         help="GPU: run decode steps and prefill chunks op by op instead of replaying captured CUDA graphs "
         "(debugging)",
     )
+    parser.add_argument(
+        "--int8-min-weights",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="GPU: the smallest matrix (rows x columns) whose products quantize float32 activations to "
+        "int8 (formats with int8 kernels); 0: every such matrix "
+        f"(default: ${INT8_LIMIT_ENV}, else {DEFAULT_INT8_MIN_WEIGHTS})",
+    )
+    parser.add_argument(
+        "--dependent-launch",
+        choices=("on", "off"),
+        default=None,
+        help="GPU (NVIDIA sm_90+): launch each kernel so its prologue overlaps the previous kernel's tail "
+        f"(default: ${DEPENDENT_LAUNCH_ENV} as 1/0, else on)",
+    )
+
+
+def run_options(args: argparse.Namespace, threads: int | None = None) -> RunOptions:
+    """RunOptions from the flags, the environment variables standing in for flags not given."""
+    kernels = KernelOptions.from_environment(os.environ)
+    if args.int8_min_weights is not None:
+        kernels = KernelOptions(args.int8_min_weights, kernels.dependent_launch)
+    if args.dependent_launch is not None:
+        kernels = KernelOptions(kernels.int8_min_weights, args.dependent_launch == "on")
+    return RunOptions(device=args.device, graphs=not args.eager, threads=threads, kernels=kernels)
 
 
 # (flag, SamplingParams field, parser, help) for the flags that map one-to-one onto a field.
@@ -208,17 +242,16 @@ def parse_noise() -> tuple[int, float] | None:
 
 
 def make_engine(args: argparse.Namespace, n_slots: int = 1):
-    from gufo.engine.engine import Engine
+    """The engine the flags ask for (this process's rank of it with --tensor-parallel N)."""
+    from gufo.parallel.engine import open_engine
 
-    return Engine(
+    return open_engine(
         args.model,
-        device=args.device,
+        run_options(args, args.threads),
+        getattr(args, "tensor_parallel", 1),
         context=args.ctx_size,
         n_slots=n_slots,
         batch_size=args.batch_size,
-        threads=args.threads,
-        graphs=not args.eager,
-        tensor_parallel=getattr(args, "tensor_parallel", 1),
     )
 
 

@@ -20,6 +20,7 @@ from gufo.cli.common import (
 from gufo.engine.speculative import make_speculator
 from gufo.engine.trace import token_trace_line
 from gufo.errors import BadInputError
+from gufo.parallel.engine import follows
 from gufo.parallel.mirror import follow
 
 
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     speculative = speculative_params(args)
     engine = make_engine(args)
-    if engine.follows:  # tensor-parallel rank > 0: run rank 0's steps, print nothing
+    if follows(engine):  # tensor-parallel rank > 0: run rank 0's steps, print nothing
         return follow(engine)
     speculator = make_speculator(engine, speculative, args.draft_model) if speculative else None
     tok = engine.tokenizer

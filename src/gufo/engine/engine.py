@@ -10,24 +10,23 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from gufo.engine.loader import load_model, open_checked
 from gufo.engine.memory import peak_memory_bytes
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
-from gufo.gguf.aliases import resolve_model
-from gufo.gguf.model_file import open_model_file
+from gufo.gguf.model_file import ModelFile
 from gufo.kernels import backends
 from gufo.kernels.attention import RowPositions
 from gufo.models.kv_cache import CacheSnapshot, KVCache
-from gufo.models.registry import build_model, check_architecture, check_supported_types
+from gufo.models.registry import build_model
+from gufo.options import DEFAULT_BATCH, DEFAULT_CONTEXT, RunOptions
 from gufo.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CONTEXT = 4096
-DEFAULT_BATCH = 2048
 
 
 @dataclass
@@ -50,39 +49,32 @@ class GenerationResult:
 
 
 class Engine:
+    """One process's model on one device. `gufo.parallel.ShardedEngine` runs a rank of a
+    tensor-parallel launch by overriding the steps that touch the model (`forward`, `decode_step`,
+    `snapshot`, `restore`, `set_threads`, `rank_peak_memory`) and the two switches below."""
+
+    tensor_parallel = 1  # processes the model is sharded over
+    # whether `decode_tokens` may replay one multi-token graph, and `decode_batch` run rows of several
+    # slots in one pass (a sharded engine's followers mirror plain steps only)
+    multi_token_graphs = True
+    batched_rows = True
+
     def __init__(
         self,
         model: str | Path | None = None,
-        device: str = "cpu",
+        options: RunOptions | None = None,
         context: int | None = None,
         n_slots: int = 1,
         batch_size: int = DEFAULT_BATCH,
-        threads: int | None = None,
-        graphs: bool = True,
-        tensor_parallel: int = 1,
     ):
-        self.path = resolve_model(str(model) if model is not None else None)
-        self.file = open_model_file(self.path)
-        check_architecture(self.file)
-        check_supported_types(self.file)
-        # tensor_parallel > 1: this process is one rank of a torchrun launch (see gufo.parallel)
-        self.tensor_parallel = tensor_parallel
-        self.tensor_parallel_group = None
-        if tensor_parallel > 1:
-            from gufo.parallel.model import preflight
-            from gufo.parallel.process_group import start
-
-            preflight(self.file, tensor_parallel)
-            self.tensor_parallel_group = start(tensor_parallel, device)
-            device = self.tensor_parallel_group.device
-        self.device = device
-        self.backend = backends.select(device)
-        if threads:
-            torch.set_num_threads(threads)
+        self.path, self.file = open_checked(model)
+        self.options = options = options or RunOptions()
+        self.device = self._device(options.device)
+        self.backend = backends.select(self.device)
+        if options.threads:
+            torch.set_num_threads(options.threads)
         self.tokenizer = Tokenizer.from_gguf(self.file.metadata)
-        started = time.perf_counter()
-        self.model = build_model(self.file, self.backend, self.tensor_parallel_group)
-        self.load_seconds = time.perf_counter() - started
+        self.model, self.load_seconds = load_model(self.file, self.backend, self._build)
         cfg = self.model.config
         self.context = min(context or DEFAULT_CONTEXT, cfg.context_length)
         if batch_size <= 0:
@@ -93,28 +85,30 @@ class Engine:
         # buffers reused from call to call (fresh copies pay page faults each time), and how many are valid
         self._checkpoints: dict[int, list[list[torch.Tensor]]] = {}
         self._checkpointed: dict[int, int] = {}
+        route = self.model.decode_route
         # GPU decode steps replay captured graphs unless `graphs` is off (eager op-by-op, for debugging)
         self.graph_decoder = None
-        if graphs and self.backend == "cuda" and getattr(self.model, "graph_capturable", True):
+        if options.graphs and self.backend == "cuda" and self.model.graph_capturable:
             from gufo.engine.graphs.decode import GraphDecoder
 
-            # several tokens per graph step where the decode layer is batch-invariant (speculative drafts)
-            limit = getattr(self.model.decoder[1], "max_tokens", 1) if self.batch_invariant_decode else 1
-            device = backends.device_of(self.backend)
-            self.graph_decoder = GraphDecoder(self.model, self.cache, device, limit)
+            # several tokens per graph step where the decode route is batch-invariant (speculative drafts)
+            limit = (route.max_tokens or 1) if route.batch_invariant and self.multi_token_graphs else 1
+            self.graph_decoder = GraphDecoder(self.model, self.cache, backends.device_of(self.backend), limit)
         # full prefill chunks (batch_size tokens) replay piecewise graphs around the attention
         self.prefill_graphs = None
-        if self.graph_decoder is not None and tensor_parallel == 1:
+        if self.graph_decoder is not None and self.multi_token_graphs:
             from gufo.engine.graphs.prefill import PrefillGraphs
 
             if PrefillGraphs.supports(self.model):
                 self.prefill_graphs = PrefillGraphs(self.model, self.cache, self.graph_decoder.device)
-        # Rank 0 of a tensor-parallel launch tells the other ranks each step it takes (gufo.parallel.mirror)
-        self.mirror = None
-        if self.tensor_parallel_group is not None and self.tensor_parallel_group.leader:
-            from gufo.parallel.mirror import Leader
 
-            self.mirror = Leader(self.tensor_parallel_group, self.release_graphs)
+    def _device(self, device: str) -> str:
+        """The device this process runs on (a tensor-parallel rank picks its own)."""
+        return device
+
+    def _build(self, model_file: ModelFile, backend: str) -> Any:
+        """The model (a tensor-parallel rank builds its shard)."""
+        return build_model(model_file, backend)
 
     def release_graphs(self) -> None:
         """Free the captured decode graphs. Needed before NCCL communicators are destroyed: a graph
@@ -124,10 +118,14 @@ class Engine:
         if self.prefill_graphs is not None:
             self.prefill_graphs.release()
 
-    @property
-    def follows(self) -> bool:
-        """Whether this is a tensor-parallel rank other than 0: it runs `gufo.parallel.mirror.follow`."""
-        return self.tensor_parallel_group is not None and not self.tensor_parallel_group.leader
+    def add_prefill_tap(self, layer: int, tap: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Apply `tap` to layer `layer`'s output on prefill passes (a debug perturbation). Prefill then
+        runs eagerly: a captured chunk would not run the host-side tap."""
+        self.model.prefill_taps[layer] = tap
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.release()
+            self.prefill_graphs = None
+            log.info("prefill graphs off: a prefill tap is set on layer %d", layer)
 
     @property
     def config(self):
@@ -172,45 +170,33 @@ class Engine:
     def forward(
         self, tokens: torch.Tensor, slot: int, start: int, all_logits: bool = False, per_token: bool = False
     ) -> torch.Tensor:
-        """One model pass (the only entry to the model besides `decode_step`, so a tensor-parallel leader
-        mirrors every pass to its followers)."""
-        if self.mirror is not None:
-            self.mirror.forward(tokens.tolist(), slot, start, all_logits, per_token)
+        """One model pass (the only entry to the model besides `decode_step`)."""
         return self.model.forward(tokens, self.cache, slot, start, all_logits=all_logits, per_token=per_token)
 
     def decode_step(self, token: int, position: int, slot: int) -> torch.Tensor:
         """Logits (on the device) of one token: a captured-graph replay on a GPU, else one eager pass."""
-        if self.mirror is not None:
-            self.mirror.decode(token, position, slot)
         if self.graph_decoder is not None:
             return self.graph_decoder.decode([token], position, slot)[-1]
         return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1]
 
     def snapshot(self, slot: int, length: int) -> CacheSnapshot:
-        """`KVCache.snapshot`, taken on every tensor-parallel rank."""
-        if self.mirror is not None:
-            self.mirror.snapshot(slot, length)
+        """`KVCache.snapshot`."""
         return self.cache.snapshot(slot, length)
 
     def restore(self, state: CacheSnapshot) -> None:
-        if self.mirror is not None:
-            self.mirror.restore(state)
         self.cache.restore(state)
 
     def set_threads(self, count: int) -> None:
-        if self.mirror is not None:
-            self.mirror.threads(count)
         torch.set_num_threads(count)
 
     def rank_peak_memory(self) -> list[int]:
         """Peak memory of each rank in rank order (one entry without tensor parallelism)."""
-        own = peak_memory_bytes(self.device)
-        return self.mirror.memory(own) if self.mirror is not None else [own]
+        return [peak_memory_bytes(self.device)]
 
     @property
     def batch_invariant_decode(self) -> bool:
         """Whether `decode_tokens` runs all tokens in one pass (else one decode step each)."""
-        return getattr(self.model.decoder[1], "batch_invariant", False)
+        return self.model.decode_route.batch_invariant
 
     @torch.inference_mode()
     def decode_tokens(self, tokens: Sequence[int], position: int, slot: int = 0) -> torch.Tensor:
@@ -231,12 +217,12 @@ class Engine:
                 rows.append(self.decode_step(t, position + i, slot).clone())  # graphs reuse their buffer
             self._checkpointed[slot] = len(tokens) - 1
             return torch.stack(rows)
-        limit = getattr(self.model.decoder[1], "max_tokens", len(tokens))
+        limit = self.model.decode_route.max_tokens or len(tokens)
         # a lone token (nothing drafted) is a plain decode step: a graph replay on GPUs
         if not self.batch_invariant_decode or not 1 < len(tokens) <= limit:
             steps = (self.decode_step(t, position + i, slot).clone() for i, t in enumerate(tokens))
             return torch.stack(list(steps))
-        if self.graph_decoder is not None and self.mirror is None:  # followers mirror plain steps only
+        if self.graph_decoder is not None and self.multi_token_graphs:
             return self.graph_decoder.decode(tokens, position, slot).clone()  # the graph's buffer is reused
         ids = torch.tensor(list(tokens), dtype=torch.long)
         return self.forward(ids, slot, position, all_logits=True, per_token=True)
@@ -244,7 +230,7 @@ class Engine:
     def prepare_verification(self, n_tokens: int, slot: int = 0) -> None:
         """Capture now the graphs that `decode_tokens` replays for up to `n_tokens` tokens on `slot` (one
         per count), so the first speculative steps do not pay for captures."""
-        if self.graph_decoder is not None and self.mirror is None and self.cache.recurrent is None:
+        if self.graph_decoder is not None and self.multi_token_graphs and self.cache.recurrent is None:
             self.graph_decoder.prepare(slot, n_tokens)
 
     @property
@@ -273,9 +259,8 @@ class Engine:
         Each row's logits equal what `decode` gives it alone (greedy output does not depend on the
         batch): one pass reading each weight once for all rows when the decode kernel takes rows of
         different slots (the fused CPU layer), one decode step per row otherwise."""
-        kernel = self.model.decoder[1]
-        batched = getattr(kernel, "multi_slot", False) and len(tokens) > 1  # the kernel chunks long batches
-        if not batched or self.mirror is not None:  # tensor-parallel followers mirror plain steps only
+        batched = self.model.decode_route.multi_slot and len(tokens) > 1  # the route chunks long batches
+        if not batched or not self.batched_rows:
             rows = zip(tokens, positions, slots, strict=True)
             return torch.stack([self.decode(token, position, slot) for token, position, slot in rows])
         self.check_fits(max(positions) + 1)

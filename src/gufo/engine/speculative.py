@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -299,7 +299,7 @@ def make_speculators(
     check_draft_model(engine.file, draft_model)
     draft = Engine(
         draft_model,
-        device=engine.device,
+        replace(engine.options, device=engine.device),
         context=engine.context,
         n_slots=n_slots,
         batch_size=engine.batch_size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,9 +11,8 @@ import torch
 
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry
-from gufo.kernels.attention import RowPositions
+from gufo.kernels.attention import RowPositions, TokenPositions
 from gufo.kernels.int8_rows import Int8Rows
-from gufo.kernels.registry import REFERENCE_BACKEND
 from gufo.models.kv_cache import KVCache
 from gufo.models.layers import (
     ACTIVATIONS,
@@ -248,7 +248,7 @@ class DecoderLayer:
 
     def __call__(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | Residual,
         rope_tables: tuple[torch.Tensor, torch.Tensor],
         cache: KVCache,
         index: int,
@@ -256,16 +256,20 @@ class DecoderLayer:
         start_pos: int | DevicePosition,
         defer: bool = False,
     ) -> torch.Tensor | Residual:
-        """The residual stream after this layer. x may be a `Residual` (the previous layer's deferred
-        add, done here with this layer's pre-norm); `defer` returns this layer's add deferred too."""
-        if isinstance(x, Residual):
-            x, normed = self.attn_norm.after_add(x.stream, x.pending, takes_int8(self.attn, x.stream))
-        else:
-            normed = self.attn_norm(x, takes_int8(self.attn, x))
+        """The residual stream after this layer: its three phases. x may be a `Residual` (the previous
+        layer's deferred add, done here with this layer's pre-norm); `defer` returns this layer's add
+        deferred too."""
+        x, normed = self.pre_attention(x)
         h = self.attn(normed, rope_tables, cache, index, slot, start_pos)
-        return self.after_attention(x, h, defer)
+        return self.post_attention(x, h, defer)
 
-    def after_attention(
+    def pre_attention(self, x: torch.Tensor | Residual) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]:
+        """(the residual stream, its pre-attention norm): the token mixer reads the second."""
+        if isinstance(x, Residual):
+            return self.attn_norm.after_add(x.stream, x.pending, takes_int8(self.attn, x.stream))
+        return x, self.attn_norm(x, takes_int8(self.attn, x))
+
+    def post_attention(
         self, x: torch.Tensor, h: torch.Tensor, defer: bool = False
     ) -> torch.Tensor | Residual:
         """The residual stream x after adding the token mixer's output h, then the FFN's (that last add
@@ -275,6 +279,22 @@ class DecoderLayer:
         h = self.ffn(normed)
         h = h if self.post_ffn_norm is None else self.post_ffn_norm(h)
         return Residual(x, h) if defer else x + h
+
+
+# Most tokens one batch-invariant per-token pass takes on GPUs: the skinny products' row limit, up to
+# which each row gets its M = 1 arithmetic (gufo.kernels.triton's MAX_BLOCK_M).
+PER_TOKEN_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class DecodeRoute:
+    """How a model runs one-token steps, with what that way can do (the engine reads these fields)."""
+
+    name: str  # "backend:kernel", for reports
+    step: Callable[..., torch.Tensor | Residual]  # (index, x, rope_tables, cache, slot, start_pos)
+    batch_invariant: bool  # several consecutive tokens in one pass give each its one-token numbers
+    max_tokens: int | None  # most tokens such a pass takes (None: any number)
+    multi_slot: bool  # takes RowPositions: decode steps of several sequences in one pass
 
 
 @dataclass(frozen=True)
@@ -295,6 +315,7 @@ class DecoderModel:
 
     embedding_scale: float = 1.0
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (final_logit_softcapping)
+    graph_capturable = True  # a decode step may be captured in a CUDA graph (no host reads of values)
 
     def __init__(self, mf: ModelFile, cfg: ModelConfig, backend: str):
         self.config = cfg
@@ -307,6 +328,9 @@ class DecoderModel:
         self.ropes: list[Rope] = []
         self.layers: list[DecoderLayer] = []
         self._position_tables: dict[tuple[Rope, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # layer index -> a function of its output stream on multi-token (prefill) passes: a debug
+        # perturbation (gufo.tools.quality.validate_prefill); eager only (see Engine.add_prefill_tap)
+        self.prefill_taps: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
 
     def known_unused(self, tensor_name: str) -> bool:
         """Whether a file tensor this model does not load is known not to change its logits."""
@@ -329,15 +353,53 @@ class DecoderModel:
         )
 
     @functools.cached_property
-    def decoder(self) -> tuple[str, Any, Any]:
-        """(route, kernel, plan) of the one-token "decode_layer" op; the torch layers when the backend's
-        kernel cannot take these layers."""
+    def decode_route(self) -> DecodeRoute:
+        """How this model runs one-token steps: the backend's fused "decode_layer" kernel where it takes
+        every layer, else the model's own layers (per token and batch-invariant on GPUs)."""
         route, kernel = registry.lookup(self.backend, "decode_layer")
-        plan = kernel.prepare(self.layers)
-        if plan is None:
-            route, kernel = registry.lookup(REFERENCE_BACKEND, "decode_layer")
+        if route == self.backend:
             plan = kernel.prepare(self.layers)
-        return route, kernel, plan
+            if plan is not None:
+                return DecodeRoute(
+                    f"{route}:{kernel.name}",
+                    functools.partial(kernel.apply, plan),
+                    batch_invariant=kernel.batch_invariant,
+                    max_tokens=None,  # the kernel runs longer calls in chunks
+                    multi_slot=kernel.multi_slot,
+                )
+        if self.backend == "cuda":
+            return DecodeRoute(
+                "cuda:torch-layer-per-token", self._layer_per_token, True, PER_TOKEN_MAX_TOKENS, False
+            )
+        return DecodeRoute("torch:torch-layer", self._layer_step, False, 1, False)
+
+    def _layer_step(
+        self,
+        index: int,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        slot: int,
+        start_pos: int | DevicePosition,
+    ) -> torch.Tensor:
+        return self.layers[index](x, rope_tables, cache, index, slot, start_pos)
+
+    def _layer_per_token(
+        self,
+        index: int,
+        x: torch.Tensor | Residual,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        slot: int,
+        start_pos: int | DevicePosition,
+    ) -> torch.Tensor | Residual:
+        """The layer with each of several tokens attending as its own one-token step would
+        (TokenPositions); each layer's last residual add goes into the next layer's pre-norm kernel (one
+        launch fewer), the last layer adds its own."""
+        if isinstance(start_pos, int) and x.shape[0] > 1:
+            start_pos = TokenPositions(start_pos)
+        defer = index + 1 < len(self.layers)
+        return self.layers[index](x, rope_tables, cache, index, slot, start_pos, defer)
 
     def block(
         self,
@@ -351,8 +413,7 @@ class DecoderModel:
     ) -> torch.Tensor:
         rope_tables = tables[self.layers[index].attn.rope]
         if x.shape[0] == 1 or per_token:
-            _, kernel, plan = self.decoder
-            return kernel.apply(plan, index, x, rope_tables, cache, slot, start_pos)
+            return self.decode_route.step(index, x, rope_tables, cache, slot, start_pos)
         return self.layers[index](x, rope_tables, cache, index, slot, start_pos)
 
     def forward(
@@ -371,8 +432,11 @@ class DecoderModel:
         kernel instead of the prefill layers (speculative verification; see `Engine.decode_tokens`)."""
         x = self.embed(tokens)
         tables = {rope: self.rope_tables(rope, start_pos, tokens.shape[0], cache) for rope in self.ropes}
+        prefill = tokens.shape[0] > 1 and not per_token
         for index in range(self.config.n_layers):
             x = self.block(index, x, tables, cache, slot, start_pos, per_token=per_token)
+            if prefill and index in self.prefill_taps:
+                x = self.prefill_taps[index](x)
         return self.head(x, all_logits)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -406,8 +470,7 @@ class DecoderModel:
     def routes(self) -> dict[str, str]:
         """Which kernel ran each op (per linear block format), as `backend:kernel`, for reports."""
         found: dict[str, str] = {"rms_norm": f"{self.output_norm.route}:{self.output_norm.kernel.name}"}
-        route, kernel, _ = self.decoder
-        found["decode_layer"] = f"{route}:{kernel.name}"
+        found["decode_layer"] = self.decode_route.name
         for obj in self._linears():
             found.setdefault(f"linear.{obj.qtype.name}", f"{obj.route}:{obj.kernel.name}")
         return found

@@ -130,15 +130,11 @@ def check_fully_read(mf: ModelFile, model: Any) -> None:
             )
 
 
-def build_model(mf: ModelFile, backend: str, tensor_parallel: Any = None) -> Any:
-    """The model, or this rank's shard of it when given a gufo.parallel TensorParallel group; refused
-    when the file holds a tensor or math-bearing key the model does not implement."""
+def build_model(mf: ModelFile, backend: str, build: Callable[..., Any] | None = None) -> Any:
+    """The model; refused when the file holds a tensor or math-bearing key the model does not implement.
+    `build(architecture, mf, backend)` replaces the architecture's constructor (gufo.parallel builds a
+    rank's shard with it)."""
     architecture = _ARCHITECTURES[check_architecture(mf)]
-    if tensor_parallel is None:
-        model = architecture(mf, backend)
-    else:
-        from gufo.parallel.model import build_sharded
-
-        model = build_sharded(architecture, mf, backend, tensor_parallel)
+    model = architecture(mf, backend) if build is None else build(architecture, mf, backend)
     check_fully_read(mf, model)
     return model

@@ -51,8 +51,9 @@ class PrefillGraphs:
     @staticmethod
     def supports(model: DecoderModel) -> bool:
         """Whether every layer is plain attention + dense gated FFN (hybrid token mixers keep state
-        that a replay would advance; expert routing may read values on the host)."""
-        return all(
+        that a replay would advance; expert routing may read values on the host), with no prefill tap
+        (a debug hook that runs on the host between layers)."""
+        return not model.prefill_taps and all(
             type(layer) is DecoderLayer
             and type(layer.attn) is SelfAttention
             and isinstance(layer.ffn, GatedFFN)
@@ -83,11 +84,12 @@ class PrefillGraphs:
         layers = self.model.layers
         if index > 0:
             before = layers[index - 1]
-            buf.hidden.copy_(before.after_attention(buf.hidden, before.attn.o(buf.mixed)))
+            buf.hidden.copy_(before.post_attention(buf.hidden, before.attn.o(buf.mixed)))
         if index < len(layers):
             layer = layers[index]
             attn = layer.attn
-            q, k, v = attn.heads(*attn.qkv(layer.attn_norm(buf.hidden)), buf.tables[attn.rope])
+            _, normed = layer.pre_attention(buf.hidden)
+            q, k, v = attn.heads(*attn.qkv(normed), buf.tables[attn.rope])
             self.cache.write(index, slot, buf.positions, k, v)
             buf.query.copy_(q)
 

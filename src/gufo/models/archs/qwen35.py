@@ -30,8 +30,7 @@ import torch.nn.functional as F
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.kernels import backends, registry
-from gufo.kernels.registry import REFERENCE_BACKEND
-from gufo.models.base import DecoderLayer, DecoderModel, ModelConfig, SelfAttention
+from gufo.models.base import DecoderLayer, DecoderModel, DecodeRoute, ModelConfig, SelfAttention
 from gufo.models.kv_cache import KVCache
 from gufo.models.layers import (
     DevicePosition,
@@ -246,10 +245,9 @@ class Qwen35Model(DecoderModel):
         )
 
     @functools.cached_property
-    def decoder(self) -> tuple[str, Any, Any]:
+    def decode_route(self) -> DecodeRoute:
         """The torch layers: the fused decode kernels take attention layers only."""
-        route, kernel = registry.lookup(REFERENCE_BACKEND, "decode_layer")
-        return route, kernel, kernel.prepare(self.layers)
+        return DecodeRoute("torch:torch-layer", self._layer_step, False, 1, False)
 
     def block(
         self,

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from gufo.engine.engine import Engine
+from gufo.engine.loader import open_checked
 from gufo.engine.speculative import SpeculativeParams, make_speculator
 from gufo.errors import BadInputError, CheckFailedError, GufoError
-from gufo.gguf.aliases import resolve_model
-from gufo.gguf.model_file import open_model_file
 from gufo.models.kv_cache import KVCache
-from gufo.models.registry import check_architecture, check_supported_types
+from gufo.options import RunOptions
+from gufo.parallel.engine import open_engine
 from gufo.tools.bench.machine import backend_label, device_name
 from gufo.tools.bench.report import make_record, model_fields
 from gufo.tools.bench.runner import BenchRunner, Progress
@@ -33,8 +33,7 @@ class BenchPlan:
     repetitions: int = 5
     warmup: bool = True
     delay: float = 0.0
-    device: str = "cpu"
-    graphs: bool = True  # GPU decode steps replay captured CUDA graphs
+    options: RunOptions = field(default_factory=RunOptions)  # device, graphs, kernel options
     validate_prefill: int | None = None
     prefill_noise: tuple[int, float] | None = None  # debug hook: (layer, std), see add_prefill_noise
     speculative: SpeculativeParams | None = None  # adds speculative twins of generation tests
@@ -57,9 +56,7 @@ def cache_type_name(cache: KVCache) -> str:
 def preflight(plan: BenchPlan) -> None:
     """Check every model file and the context the tests need before anything runs or prints."""
     for name in plan.models:
-        model_file = open_model_file(resolve_model(name))
-        check_architecture(model_file)
-        check_supported_types(model_file)
+        _, model_file = open_checked(name)
         limit = int(model_file.arch_key("context_length"))
         if plan.needed_context > limit:
             raise BadInputError(
@@ -79,12 +76,8 @@ class EngineCache:
     def get(self, name: str) -> Engine:
         if name != self.name or self.engine is None:
             self.engine = None  # free the previous model before loading the next
-            engine = Engine(
-                name,
-                device=self.plan.device,
-                context=self.plan.needed_context,
-                graphs=self.plan.graphs,
-                tensor_parallel=self.plan.tensor_parallel,
+            engine = open_engine(
+                name, self.plan.options, self.plan.tensor_parallel, context=self.plan.needed_context
             )
             if self.plan.prefill_noise is not None:
                 add_prefill_noise(engine, *self.plan.prefill_noise)
@@ -143,6 +136,7 @@ def run_benchmarks(
                 "device": engine.device,
                 "device_name": device_name(engine.device),
                 "routes": engine.model.routes(),
+                "options": engine.options.record(),
                 "prefill_validation": validations.get(name),
                 "tensor_parallel": engine.tensor_parallel,
             }

@@ -82,16 +82,12 @@ def add_prefill_noise(engine: Engine, layer: int, std: float) -> None:
 
     It exists so tests can prove that --validate-prefill fails when the batched path goes wrong.
     """
-    model = engine.model
-    if not 0 <= layer < model.config.n_layers:
-        raise BadInputError(f"debug noise layer {layer} is outside 0..{model.config.n_layers - 1}")
-    original = model.block
+    n_layers = engine.model.config.n_layers
+    if not 0 <= layer < n_layers:
+        raise BadInputError(f"debug noise layer {layer} is outside 0..{n_layers - 1}")
     generator = torch.Generator().manual_seed(SEED)
 
-    def noisy_block(index: int, x: torch.Tensor, *args: object, per_token: bool = False) -> torch.Tensor:
-        out = original(index, x, *args, per_token=per_token)
-        if index == layer and x.shape[0] > 1 and not per_token:
-            out = out + torch.randn(out.shape, generator=generator).to(out) * std
-        return out
+    def noisy(out: torch.Tensor) -> torch.Tensor:
+        return out + torch.randn(out.shape, generator=generator).to(out) * std
 
-    model.block = noisy_block
+    engine.add_prefill_tap(layer, noisy)
