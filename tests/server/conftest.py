@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from gufo.engine.engine import Engine
-from gufo.server.app import listen, make_server
+from gufo.server.run import listen, make_server
 from gufo.server.settings import ServerSettings
 from tests.conftest import HANG_GUARD_S
 
