@@ -16,7 +16,7 @@ import pytest
 
 from gufo.engine.engine import Engine
 from gufo.options import RunOptions
-from gufo.server.app import listen, make_server
+from gufo.server.run import listen, make_server
 from gufo.server.settings import ServerSettings
 from tests.conftest import HANG_GUARD_S
 

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from gufo.server.app import listen
+from gufo.server.run import listen
 from tests.conftest import HANG_GUARD_S, gufo
 from tests.server.conftest import MODEL
 

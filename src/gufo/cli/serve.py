@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         preflight(open_model_file(path), args.tensor_parallel)  # refused before anything listens
         if launched_rank() != 0:  # only rank 0 listens; the others run its steps
             return follow(make_engine(args, n_slots=args.sessions))
-    from gufo.server.app import listen, serve  # the ASGI stack loads only when serving
+    from gufo.server.run import listen, serve  # the ASGI stack loads only when serving
 
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]

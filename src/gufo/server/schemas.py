@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI-compatible endpoints (pydantic), and the error body.
+"""Request bodies of the OpenAI-compatible endpoints (pydantic).
 
 Every field is strict (no coercion: `"max_tokens": true` or `"stream": "yes"` is a 400) and bounded to
 the range the sampler serves finitely; an unknown field is a 400 naming it, so nothing a client asks
@@ -250,8 +250,3 @@ class CompletionRequest(GenerationRequest):
 
     def logprob_count(self) -> int | None:
         return self.logprobs
-
-
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

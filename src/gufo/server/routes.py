@@ -1,0 +1,219 @@
+"""The FastAPI app: the OpenAI-compatible endpoints, /health and /metrics, and OpenAI error answers.
+
+A handler checks its request, submits a job to the scheduler and answers with the job's JSON
+response or stream; it cancels the job when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gufo import __version__
+from gufo.engine.engine import Engine
+from gufo.errors import BadInputError
+from gufo.server.gate import Gate
+from gufo.server.responses import ApiError, ChatShape, CompletionShape, Generation, collect, stream_events
+from gufo.server.scheduler import Job, QueueFullError, WorkerDeadError
+from gufo.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from gufo.server.settings import ServerSettings
+from gufo.server.state import Runtime, ServerState
+from gufo.server.text import TextStream
+
+log = logging.getLogger(__name__)
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+ROUTES = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
+
+
+async def parse(request: Request, model: type[RequestT]) -> RequestT:
+    """The JSON body as `model`, whatever the Content-Type says (curl -d sends a form type)."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as err:
+        first = err.errors()[0]
+        if first["type"] == "json_invalid":
+            raise ApiError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', '')}") from None
+        param = ".".join(str(part) for part in first["loc"] if not is_union_member(part)) or None
+        reason = "unsupported parameter" if first["type"] == "extra_forbidden" else first["msg"]
+        message = f"{param}: {reason}" if param else f"request body: {reason}"
+        raise ApiError(400, message, param=param, code="invalid_value") from None
+
+
+def is_union_member(loc_part: str | int) -> bool:
+    """pydantic tags an error inside `str | list[int]` with the member's type ('str', 'list[int]'); the
+    client named a field, not a type."""
+    return isinstance(loc_part, str) and (loc_part in ("str", "int", "float", "bool") or "[" in loc_part)
+
+
+async def cancel_on_disconnect(request: Request, task: asyncio.Task) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    task.cancel()
+
+
+def create_app(
+    settings: ServerSettings,
+    load: Callable[[], Engine],
+    on_load_error: Callable[[Exception], None] | None = None,
+) -> FastAPI:
+    """The ASGI app. `load` builds the engine on a background thread; `on_load_error` hears why it
+    failed (the CLI stops the server then)."""
+    state = ServerState(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with state.running(load, on_load_error):
+            yield
+
+    app = FastAPI(title="gufo", version=__version__, lifespan=lifespan)
+    app.state.gufo = state  # for `make_server`'s shutdown
+    app.add_middleware(Gate, settings=settings, metrics=state.metrics, routes=ROUTES)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        if err.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        else:
+            message = str(err.detail)
+        return ApiError(
+            err.status_code, message, code="not_found" if err.status_code == 404 else None
+        ).response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, err: Exception) -> JSONResponse:
+        log.error("request failed", exc_info=err)  # the traceback stays in the server log
+        return ApiError(500, "internal server error", "server_error").response()
+
+    @app.get("/health")
+    async def health() -> dict:
+        state.ready()
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(state.metrics.render(state.gauges), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        entry = {"id": settings.model_id, "object": "model", "created": state.started, "owned_by": "gufo"}
+        return {"object": "list", "data": [entry]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse(request, ChatCompletionRequest)
+        runtime = state.ready()
+        messages = [m.as_template_input() for m in body.messages]
+        tok = runtime.engine.tokenizer
+        try:
+            prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special=True, parse_special=True)
+        except BadInputError as err:
+            raise ApiError(400, str(err), param="messages") from None
+        return await respond(request, runtime, body, prompt_ids, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse(request, CompletionRequest)
+        runtime = state.ready()
+        tok = runtime.engine.tokenizer
+        if isinstance(body.prompt, str):
+            prompt_ids = tok.encode(body.prompt, add_special=True, parse_special=True)
+        else:
+            prompt_ids = list(body.prompt)
+            if not all(0 <= t < tok.vocab_size for t in prompt_ids):
+                raise ApiError(400, f"prompt: token ids must be in [0, {tok.vocab_size})", param="prompt")
+        if body.echo and body.logprobs is not None:  # OpenAI would score the prompt tokens too
+            message = "echo: not supported together with logprobs (prompt tokens are not scored)"
+            raise ApiError(400, message, param="echo", code="invalid_value")
+        echo = ""
+        if body.echo:
+            echo = body.prompt if isinstance(body.prompt, str) else tok.decode(prompt_ids)
+        return await respond(request, runtime, body, prompt_ids, chat=False, echo=echo)
+
+    async def respond(
+        request: Request,
+        runtime: Runtime,
+        body: GenerationRequest,
+        prompt_ids: list[int],
+        chat: bool,
+        echo: str = "",
+    ):
+        """`echo`: text put before the generated text (completions' echo)."""
+        if body.model != settings.model_id:
+            raise ApiError(
+                404,
+                f"model '{body.model}' does not exist (this server has '{settings.model_id}')",
+                param="model",
+                code="model_not_found",
+            )
+        context = runtime.engine.context
+        field_name = "messages" if chat else "prompt"
+        if not prompt_ids:
+            raise ApiError(400, f"{field_name}: empty prompt", param=field_name)
+        if len(prompt_ids) >= context:
+            raise ApiError(
+                400,
+                f"{field_name}: {len(prompt_ids)} tokens leave no room in the context of {context} tokens",
+                param=field_name,
+                code="context_length_exceeded",
+            )
+        limit_name, asked = body.token_limit()
+        if asked is not None and asked > settings.max_tokens:
+            message = f"{limit_name}: {asked} is over this server's limit of {settings.max_tokens}"
+            raise ApiError(400, message, param=limit_name, code="invalid_value")
+        vocab_size = runtime.engine.tokenizer.vocab_size
+        if not all(0 <= t < vocab_size for t in body.biased_token_ids()):
+            message = f"logit_bias: token ids must be in [0, {vocab_size})"
+            raise ApiError(400, message, param="logit_bias", code="invalid_value")
+        # The context bounds the output too; a reply cut by it ends with finish_reason "length".
+        limit = min(asked or settings.max_tokens, context - len(prompt_ids))
+        stop_ids = frozenset(body.stop_token_ids or ())
+        job = Job(
+            prompt_ids,
+            limit,
+            body.sampling_params(),
+            asyncio.get_running_loop(),
+            stop_ids=stop_ids,
+            top_logprobs=body.logprob_count(),
+            cache_prompt=body.cache_prompt,
+        )
+        try:
+            runtime.scheduler.submit(job)
+        except QueueFullError as err:
+            retry = {"Retry-After": "1"}  # a slot frees as soon as any request finishes
+            raise ApiError(429, str(err), "rate_limit_error", code="queue_full", headers=retry) from None
+        except WorkerDeadError as err:
+            raise ApiError(503, str(err), "unavailable_error", code="worker_stopped") from None
+        text = TextStream(runtime.engine.tokenizer, body.stop_strings(), stop_ids)
+        generation = Generation(runtime.scheduler, job, text, settings.request_timeout, echo)
+        shape = (ChatShape if chat else CompletionShape)(settings.model_id, runtime.engine.tokenizer)
+        if body.stream:
+            return StreamingResponse(
+                stream_events(generation, shape, body.include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        task = asyncio.ensure_future(collect(generation, shape))
+        watcher = asyncio.ensure_future(cancel_on_disconnect(request, task))
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if not watcher.done():
+                raise
+            return JSONResponse({}, status_code=499)  # the client left; nobody reads this
+        finally:
+            watcher.cancel()
+
+    return app
