@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import codecs
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-if TYPE_CHECKING:
-    from gufo.tokenizer.tokenizer import Tokenizer
+from gufo.tokenizer.vocab import Vocab
+
+# (token id, whether special tokens show, whether to drop one leading space) -> the token's bytes
+PieceOf = Callable[[int, bool, bool], bytes]
 
 
 def _byte_alphabet() -> dict[str, int]:
@@ -119,24 +121,23 @@ class StreamDecoder:
     ``"".join(d.push(i) for i in ids) + d.flush() == tok.decode(ids)``.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
-        self._tok = tokenizer
+    def __init__(self, vocab: Vocab, piece_of: PieceOf, skip_special: bool = False) -> None:
+        self._vocab, self._piece_of = vocab, piece_of
         self._skip_special = skip_special
         self._first = True
-        self._cleaner = _StreamCleaner() if tokenizer._vocab.clean_spaces else None
+        self._cleaner = _StreamCleaner() if vocab.clean_spaces else None
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token_id: int) -> str:
-        tok = self._tok
         if self._first:
             self._first = False
-            vocab = tok._vocab
+            vocab = self._vocab
             if self._skip_special and vocab.add_bos and token_id == vocab.special["bos"]:
                 piece = b""  # a leading BOS is dropped and then no space is stripped
             else:
-                piece = tok._piece(token_id, not self._skip_special, lstrip=vocab.add_space_prefix)
+                piece = self._piece_of(token_id, not self._skip_special, vocab.add_space_prefix)
         else:
-            piece = tok._piece(token_id, not self._skip_special)
+            piece = self._piece_of(token_id, not self._skip_special, False)
         if self._cleaner is not None:
             piece = self._cleaner.push(piece)
         return self._utf8.decode(piece)

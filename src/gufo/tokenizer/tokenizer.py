@@ -249,7 +249,7 @@ class Tokenizer:
 
     def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
         """Incremental ``decode``: ``push(id)`` returns only complete UTF-8 characters."""
-        return StreamDecoder(self, skip_special=skip_special)
+        return StreamDecoder(self._vocab, self._piece, skip_special=skip_special)
 
     # ---- chat --------------------------------------------------------------------------------
 
