@@ -105,3 +105,28 @@ def test_bad_input_gives_one_line_and_exit_2(capsys, args, fragment):
         code, err = stop.code, capsys.readouterr().err
     assert code == 2
     assert fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_rows_carry_the_run_options_from_flags_and_environment(capsys, monkeypatch):
+    """Each row records the options it ran with: the flags, the environment standing in for a kernel flag
+    not given; a bad environment value is one error line, exit 2."""
+    monkeypatch.setenv("GUFO_INT8_MIN_WEIGHTS", "4096")
+    code, out, _ = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1",
+                        "--dependent-launch", "off", "--eager", "-o", "json")  # fmt: skip
+    assert code == 0
+    (row,) = json.loads(out)
+    assert row["options"] == {
+        "device": "cpu", "graphs": False, "threads": None, "int8_min_weights": 4096, "dependent_launch": False
+    }  # fmt: skip
+    code, out, _ = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1",
+                        "--int8-min-weights", "0", "-o", "json")  # fmt: skip
+    assert code == 0
+    (row,) = json.loads(out)
+    assert (row["options"]["int8_min_weights"], row["options"]["dependent_launch"]) == (0, True)
+    monkeypatch.setenv("GUFO_INT8_MIN_WEIGHTS", "lots")
+    code, out, err = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "gufo: error: GUFO_INT8_MIN_WEIGHTS='lots': expected a whole number of weights (0: int8 activations "
+        "for every matrix of the formats that have int8 kernels)"
+    ]

@@ -74,6 +74,7 @@ def make_record(
         "samples_ts": [round(ts, 6) for ts in timing.samples_ts],
         "test": test.name,
         **{k: run[k] for k in ("device", "device_name", "routes")},
+        "options": run.get("options", {}),  # RunOptions.record(): how the engine ran
         "graph_capture_s": run.get("graph_capture_s", 0.0),  # CUDA graph capture so far (untimed)
         "tensor_parallel": run.get("tensor_parallel", 1),
         # per rank, in rank order: peak RSS on the CPU, torch.cuda.max_memory_allocated on a GPU
