@@ -127,9 +127,8 @@ class ReferenceAttentionPrefill(AttentionPrefillKernel):
 class FusedAttentionPrefill(AttentionPrefillKernel):
     """GPUs: without a window the mask is causal aligned to the last key, which torch's flash kernel
     takes without a materialised mask, reading the KV heads shared by query heads as they are (GQA;
-    expanding them to the query heads first cost 0.1 ms per 8B layer and 512-token chunk at depth 4096
-    on the H200, docs/BENCHMARKS.md). Where no fused kernel takes GQA, torch materialises the mask
-    (correct, slower). Windowed layers use the reference."""
+    docs/decisions.md, "prefill attention reads the shared KV heads"). Where no fused kernel takes GQA,
+    torch materialises the mask (correct, slower). Windowed layers use the reference."""
 
     name = "torch-sdpa-causal-lower-right"
 
