@@ -22,9 +22,9 @@ triton = pytest.importorskip("triton")
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from gufo.cli import main as cli_main  # noqa: E402
-from gufo.kernels.triton import attention, elementwise, gemv, gemv_int8, offline  # noqa: E402
+from gufo.kernels.triton import attention, elementwise, gemv_int8, gemv_kernels, offline  # noqa: E402
 
-ALLOWANCE = Path(gemv.__file__).with_name("allowance.json")
+ALLOWANCE = Path(gemv_kernels.__file__).with_name("allowance.json")
 TARGETS = ("gfx1151", "sm_90")
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
@@ -77,20 +77,20 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     _, kernels = compiled
     public = {
         name
-        for module in (gemv, gemv_int8, attention, elementwise)
+        for module in (gemv_kernels, gemv_int8, attention, elementwise)
         for name, obj in vars(module).items()
         if isinstance(obj, JITFunction) and not name.startswith("_") and obj.fn.__module__ == module.__name__
     }
-    engine = {f.kernel.__name__ for f in gemv.FORMATS.values()} | {
-        f.dequant_kernel.__name__ for f in gemv.FORMATS.values()
+    engine = {f.kernel.__name__ for f in gemv_kernels.FORMATS.values()} | {
+        f.dequant_kernel.__name__ for f in gemv_kernels.FORMATS.values()
     }
-    dot = {f.dot_kernel.__name__ for f in gemv.FORMATS.values()}
+    dot = {f.dot_kernel.__name__ for f in gemv_kernels.FORMATS.values()}
     engine |= {"attention_decode_split", "attention_decode_combine"}
     engine |= {"rms_norm_rows", "add_rms_norm_rows", "rope_rows", "rms_norm_rope_rows", "gated_act_rows"}
     engine.add("attention_heads_to_cache")
     # NVIDIA multiplies float32 activations of these formats on int8 (dp4a) for large weights, and
     # rounds their prefill activations to the same int8 values; smaller weights keep the vector kernels
-    # (gemv.INT8_MIN_WEIGHTS, gemv.SMALL_SHAPES)
+    # (KernelOptions.int8_min_weights, own_fixtures.SMALL_SHAPES)
     int8 = {k.__name__ for k in gemv_int8.KERNELS.values()} | {"quantize_rows_q8", "round_rows_q8"}
     assert public == engine | dot | int8
     # no tensor-core or dp4a path on ROCm

@@ -13,12 +13,18 @@ from triton_interpreter import interpreter_tests, run_cases
 
 from gufo.kernels import registry
 from gufo.kernels.attention import ReferenceAttentionDecode, decode_span
+from gufo.kernels.catalog import register_all
+from gufo.kernels.contracts import ATTENTION_DECODE
 
 pytest.importorskip("triton")
 
 from gufo.kernels.triton import attention as attention_kernels  # noqa: E402  (needs triton)
 from gufo.kernels.triton import gemv_int8  # noqa: E402
 from gufo.kernels.triton.attention import TritonAttentionDecode  # noqa: E402
+from gufo.kernels.triton.dependent_launch import DependentLaunch  # noqa: E402
+
+LAUNCH = DependentLaunch(enabled=True)  # dependent launches where the device has them (never here)
+DECODE = TritonAttentionDecode(LAUNCH)
 
 # (query heads, KV heads, head dim, cache entries given, query positions, window): SmolLM2's, gemma3's
 # (sliding window) and qwen3's head layouts; positions below the cache length (a captured graph's
@@ -55,13 +61,13 @@ def check_decode(shape: tuple, cache_dtype: torch.dtype, programs: int, device: 
     q, keys, values, at = decode_inputs(shape, cache_dtype)
     want = ReferenceAttentionDecode.apply(q.double(), keys.double(), values.double(), at, dim**-0.5, window)
     q, keys, values, at = q.to(device), keys.to(device), values.to(device), at.to(device)
-    got = TritonAttentionDecode.apply(q, keys, values, at, dim**-0.5, window, programs=programs)
+    got = DECODE.apply(q, keys, values, at, dim**-0.5, window, programs=programs)
     assert got.shape == (len(positions), heads * dim) and got.dtype == torch.float32
     torch.testing.assert_close(got.double().cpu(), want, **FLOAT32_TOL)
     for i, position in enumerate(positions):
         span = decode_span(position, entries)
         one = (q[i : i + 1], keys[:, :span], values[:, :span], at[i : i + 1], dim**-0.5, window)
-        alone = TritonAttentionDecode.apply(*one, programs=programs)
+        alone = DECODE.apply(*one, programs=programs)
         assert torch.equal(alone[0], got[i]), (shape, i)
 
 
@@ -69,9 +75,9 @@ def check_int8_output(shape: tuple, device: str = "cpu") -> None:
     """With `int8` (the output projection's input, quantized as the combine kernel writes it): bit for
     bit the float output through the separate quantizer, itself bit for bit the torch oracle."""
     args = [t.to(device) for t in decode_inputs(shape, torch.float16)] + [shape[2] ** -0.5, shape[5]]
-    plain = TritonAttentionDecode.apply(*args, programs=64)
-    fused = TritonAttentionDecode.apply(*args, True, programs=64)
-    for mine, oracle in zip(fused, gemv_int8.quantize_rows(plain), strict=True):
+    plain = DECODE.apply(*args, programs=64)
+    fused = DECODE.apply(*args, True, programs=64)
+    for mine, oracle in zip(fused, gemv_int8.quantize_rows(plain, LAUNCH), strict=True):
         assert torch.equal(mine, oracle)
 
 
@@ -113,8 +119,28 @@ def combine_in_steps(shape: tuple) -> None:
 interpreter_results, test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 
+def test_decode_checks_its_operands():
+    """Shapes, dtypes and devices are checked before any launch: each mismatch is an error naming it."""
+    q, cache = torch.zeros(1, 4, 64), torch.zeros(2, 16, 64)
+    index = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="q: 3 dimensions expected"):
+        DECODE.apply(q[0], cache, cache, index, 0.125, None)
+    with pytest.raises(TypeError, match="index: dtype int32"):
+        DECODE.apply(q, cache, cache, index.int(), 0.125, None)
+    with pytest.raises(ValueError, match="index entries \\(one per token\\): 2, expected 1"):
+        DECODE.apply(q, cache, cache, torch.zeros(2, dtype=torch.int64), 0.125, None)
+    with pytest.raises(ValueError, match="keys' head width: 32, expected 64"):
+        DECODE.apply(q, cache[..., :32], cache, index, 0.125, None)
+    with pytest.raises(ValueError, match="4 query heads do not share 3 KV heads evenly"):
+        DECODE.apply(q, torch.zeros(3, 16, 64), torch.zeros(3, 16, 64), index, 0.125, None)
+    with pytest.raises(ValueError, match="values is on meta, expected cpu"):
+        DECODE.apply(q, cache, cache.to("meta"), index, 0.125, None)
+
+
 def test_registered_on_cuda_backend():
-    assert registry.lookup("cuda", "attention_decode") == ("cuda", TritonAttentionDecode)
+    register_all("cuda")
+    route, kernel = registry.lookup("cuda", ATTENTION_DECODE)
+    assert route == "cuda" and isinstance(kernel, TritonAttentionDecode)
 
 
 if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set before importing triton)

@@ -13,7 +13,8 @@ import pytest
 import torch
 from triton_interpreter import interpreter_tests, run_cases
 
-from gufo.kernels import registry
+from gufo.kernels import contracts, registry
+from gufo.kernels.catalog import register_all
 from gufo.kernels.norm import (
     ReferenceAddRmsNorm,
     ReferenceAttentionHeads,
@@ -26,6 +27,9 @@ from gufo.models.rope import Rope, Yarn
 pytest.importorskip("triton")
 
 from gufo.kernels.triton import elementwise, gemv_int8  # noqa: E402  (needs triton)
+from gufo.kernels.triton.dependent_launch import DependentLaunch  # noqa: E402
+
+LAUNCH = DependentLaunch(enabled=True)  # dependent launches where the device has them (never here)
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -38,7 +42,7 @@ def check_rms_norm(rows: int, width: int, device: str = "cpu") -> None:
     x = randn(rows, 2 * width, seed=width)[:, 1 : width + 1] * 3  # rows with a stride
     weight = randn(width, seed=1)
     want = ReferenceRmsNorm.apply(x, weight, 1e-6)
-    got = elementwise.TritonRmsNorm.apply(x.to(device), weight.to(device), 1e-6).cpu()
+    got = elementwise.TritonRmsNorm(LAUNCH).apply(x.to(device), weight.to(device), 1e-6).cpu()
     torch.testing.assert_close(got, want, **TOL)
 
 
@@ -58,7 +62,7 @@ def check_rope(
     cos, sin = rope.tables(torch.arange(5, 5 + tokens))
     x = randn(tokens, heads, 3 * dim, seed=dim)[..., :dim]  # q out of a fused projection: strided
     want = ReferenceRope.apply(x, cos, sin, neox)
-    got = elementwise.TritonRope.apply(x.to(device), cos.to(device), sin.to(device), neox).cpu()
+    got = elementwise.TritonRope(LAUNCH).apply(x.to(device), cos.to(device), sin.to(device), neox).cpu()
     torch.testing.assert_close(got, want, **TOL)
 
 
@@ -67,7 +71,9 @@ def check_add_rms_norm(rows: int, width: int, device: str = "cpu") -> None:
     h = randn(rows, width, seed=width + 1)
     weight = randn(width, seed=1)
     want_sum, want = ReferenceAddRmsNorm.apply(x, h, weight, 1e-6)
-    got_sum, got = elementwise.TritonAddRmsNorm.apply(x.to(device), h.to(device), weight.to(device), 1e-6)
+    got_sum, got = elementwise.TritonAddRmsNorm(LAUNCH).apply(
+        x.to(device), h.to(device), weight.to(device), 1e-6
+    )
     assert torch.equal(got_sum.cpu(), want_sum)  # one float32 add, exactly
     torch.testing.assert_close(got.cpu(), want, **TOL)
 
@@ -81,14 +87,14 @@ def check_rms_norm_rope(
     weight = randn(dim, seed=3)
     want = ReferenceRmsNormRope.apply(x, weight, 1e-6, cos, sin, neox)
     args = (x.to(device), weight.to(device), 1e-6, cos.to(device), sin.to(device), neox)
-    got = elementwise.TritonRmsNormRope.apply(*args).cpu()
+    got = elementwise.TritonRmsNormRope(LAUNCH).apply(*args).cpu()
     torch.testing.assert_close(got, want, **TOL)
 
 
 def check_gated_act(rows: int, width: int, act: str, device: str = "cpu") -> None:
     gate, up = randn(rows, 2 * width, seed=width).mul(4).split(width, dim=-1)  # views of one product
     want = ReferenceGatedAct.apply(gate, up, act)
-    got = elementwise.TritonGatedAct.apply(gate.to(device), up.to(device), act).cpu()
+    got = elementwise.TritonGatedAct(LAUNCH).apply(gate.to(device), up.to(device), act).cpu()
     torch.testing.assert_close(got, want, **TOL)
 
 
@@ -124,13 +130,13 @@ def check_attention_heads(
         neox,
     ]
     got_entries = entries.to(device)
-    got = elementwise.TritonAttentionHeads.apply(*on_device, *got_entries, positions.to(device)).cpu()
+    got = elementwise.TritonAttentionHeads(LAUNCH).apply(*on_device, *got_entries, positions.to(device)).cpu()
     torch.testing.assert_close(got, want, **TOL)
     torch.testing.assert_close(got_entries.cpu(), want_entries, rtol=1e-3, atol=1e-3)
     rotate = (
-        (lambda x, w: elementwise.TritonRmsNormRope.apply(x, w, 1e-6, *on_device[6:]))
+        (lambda x, w: elementwise.TritonRmsNormRope(LAUNCH).apply(x, w, 1e-6, *on_device[6:]))
         if norm
-        else (lambda x, w: elementwise.TritonRope.apply(x, *on_device[6:]))
+        else (lambda x, w: elementwise.TritonRope(LAUNCH).apply(x, *on_device[6:]))
     )
     assert torch.equal(got, rotate(on_device[0], on_device[3]).cpu())
     rows = got_entries[:, :, positions.to(device)]
@@ -149,20 +155,20 @@ def check_int8_outputs(rows: int, width: int, device: str = "cpu") -> None:
     gate, up = randn(rows, 2 * width, seed=width).mul(4).to(device).split(width, dim=-1)
     pairs = [
         (
-            elementwise.TritonRmsNorm.apply(x, weight, 1e-6),
-            elementwise.TritonRmsNorm.apply(x, weight, 1e-6, True),
+            elementwise.TritonRmsNorm(LAUNCH).apply(x, weight, 1e-6),
+            elementwise.TritonRmsNorm(LAUNCH).apply(x, weight, 1e-6, True),
         ),
         (
-            elementwise.TritonAddRmsNorm.apply(x, h, weight, 1e-6)[1],
-            elementwise.TritonAddRmsNorm.apply(x, h, weight, 1e-6, True)[1],
+            elementwise.TritonAddRmsNorm(LAUNCH).apply(x, h, weight, 1e-6)[1],
+            elementwise.TritonAddRmsNorm(LAUNCH).apply(x, h, weight, 1e-6, True)[1],
         ),
         (
-            elementwise.TritonGatedAct.apply(gate, up, "silu"),
-            elementwise.TritonGatedAct.apply(gate, up, "silu", True),
+            elementwise.TritonGatedAct(LAUNCH).apply(gate, up, "silu"),
+            elementwise.TritonGatedAct(LAUNCH).apply(gate, up, "silu", True),
         ),
     ]
     for plain, fused in pairs:
-        for mine, oracle in zip(fused, gemv_int8.quantize_rows(plain), strict=True):
+        for mine, oracle in zip(fused, gemv_int8.quantize_rows(plain, LAUNCH), strict=True):
             assert torch.equal(mine, oracle)
 
 
@@ -197,10 +203,40 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
 interpreter_results, test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 
+def test_row_kernels_check_their_operands():
+    """Shapes and devices are checked before any launch: each mismatch is an error naming it."""
+    x, weight = torch.zeros(2, 64), torch.zeros(64)
+    with pytest.raises(ValueError, match="norm weight width: 32, expected 64"):
+        elementwise.TritonRmsNorm(LAUNCH).apply(x, weight[:32], 1e-6)
+    with pytest.raises(ValueError, match="norm weight is on meta, expected cpu"):
+        elementwise.TritonRmsNorm(LAUNCH).apply(x, weight.to("meta"), 1e-6)
+    with pytest.raises(ValueError, match="residual add: h has shape \\(2, 32\\), x \\(2, 64\\)"):
+        elementwise.TritonAddRmsNorm(LAUNCH).apply(x, x[:, :32], weight, 1e-6)
+    with pytest.raises(ValueError, match="gated activation: up has shape"):
+        elementwise.TritonGatedAct(LAUNCH).apply(x, x[:1], "silu")
+    heads, tables = torch.zeros(2, 4, 64), torch.zeros(2, 64)
+    with pytest.raises(ValueError, match="cos table rows \\(one per token\\): 1, expected 2"):
+        elementwise.TritonRope(LAUNCH).apply(heads, tables[:1], tables, True)
+    with pytest.raises(ValueError, match="sin table: 128 rotated dims for heads 64 wide"):
+        elementwise.TritonRope(LAUNCH).apply(heads, tables, torch.zeros(2, 128), True)
+    with pytest.raises(ValueError, match="x: \\[tokens, heads, head_dim\\] expected"):
+        elementwise.TritonRmsNormRope(LAUNCH).apply(x, weight, 1e-6, tables, tables, True)
+
+
 @pytest.mark.parametrize(
-    "op", ["rms_norm", "rope", "gated_act", "add_rms_norm", "rms_norm_rope", "attention_heads"]
+    "op",
+    [
+        contracts.RMS_NORM,
+        contracts.ROPE,
+        contracts.GATED_ACT,
+        contracts.ADD_RMS_NORM,
+        contracts.RMS_NORM_ROPE,
+        contracts.ATTENTION_HEADS,
+    ],
+    ids=lambda op: op.name,
 )
 def test_registered_on_cuda_backend(op):
+    register_all("cuda")
     assert registry.lookup("cuda", op)[0] == "cuda"
 
 

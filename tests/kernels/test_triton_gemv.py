@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import gguf
 import numpy as np
@@ -19,13 +18,24 @@ from triton_interpreter import interpreter_tests, run_cases
 from gufo.formats import block_shape
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels import registry
+from gufo.kernels.catalog import register_all
+from gufo.kernels.contracts import LINEAR
 from gufo.kernels.int8_rows import quantize_rows_reference, rounded_rows_reference
 from gufo.kernels.linear_reference import ReferenceLinear
+from gufo.options import KernelOptions
 from gufo.tools.synth.presets import QWEN3_PRESETS
 
 pytest.importorskip("triton")
 
-from gufo.kernels.triton import gemv, gemv_int8  # noqa: E402  (needs triton)
+from gufo.kernels.triton import gemv, gemv_int8, launch, planes, prefill_gemm  # noqa: E402  (needs triton)
+from gufo.kernels.triton.dependent_launch import DependentLaunch  # noqa: E402
+
+LAUNCH = DependentLaunch(enabled=True)  # dependent launches where the device has them (never here)
+DEFAULT_LIMIT = KernelOptions().int8_min_weights
+LINEAR_KERNEL = gemv.TritonLinear(KernelOptions())  # what the engine registers
+# the int8 kernels also for the tests' small weights, which the engine multiplies on float32
+# activations (KernelOptions.int8_min_weights)
+INT8_EVERYWHERE = gemv.TritonLinear(KernelOptions(int8_min_weights=0))
 
 Q = gguf.GGMLQuantizationType
 QTYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F32, Q.F16, Q.BF16]
@@ -68,34 +78,32 @@ def activations(m: int, k: int, dtype: torch.dtype = torch.float32) -> torch.Ten
     return torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
 
 
-def operands(x: torch.Tensor, info: TensorInfo) -> torch.Tensor:
+def operands(x: torch.Tensor, info: TensorInfo, int8_min_weights: int) -> torch.Tensor:
     """The activations a product of x multiplies: x itself, or x quantized per 32 columns to int8 and
     dequantized where the vector kernels take int8 activations (gemv_int8.py; its torch quantizer) and
     where prefill rounds them the same way."""
-    if not gemv.int8_activations(x, gemv.TritonWeight(info.qtype, info.shape, ())):
+    if not launch.int8_activations(x, planes.TritonWeight(info.qtype, info.shape, ()), int8_min_weights):
         return x
     return rounded_rows_reference(x.reshape(-1, x.shape[-1])).reshape(x.shape)
 
 
-@contextlib.contextmanager
-def int8_for_small_weights() -> Iterator[None]:
-    """The int8 kernels also for the tests' small weights, which the engine multiplies on float32
-    activations (gemv.INT8_MIN_WEIGHTS)."""
-    limit = gemv.INT8_MIN_WEIGHTS
-    gemv.INT8_MIN_WEIGHTS = 0
-    try:
-        yield
-    finally:
-        gemv.INT8_MIN_WEIGHTS = limit
-
-
 def check(
-    y: torch.Tensor, x: torch.Tensor, info: TensorInfo, rel: float, multiplied: torch.Tensor | None = None
+    y: torch.Tensor,
+    x: torch.Tensor,
+    info: TensorInfo,
+    rel: float,
+    multiplied: torch.Tensor | None = None,
+    int8_min_weights: int = DEFAULT_LIMIT,
 ) -> None:
     """|y - x @ W^T| <= rel * (|x| @ |W|^T) elementwise: a relative bound that holds under cancellation;
-    x as the kernel multiplies it (`operands`, unless given as `multiplied`)."""
+    x as the kernel multiplies it (`operands` under the kernel's int8 limit, unless given as
+    `multiplied`)."""
     w = ReferenceLinear.prepare(info).double()
-    xd = (operands(x, info) if multiplied is None else multiplied).reshape(-1, x.shape[-1]).double()
+    xd = (
+        (operands(x, info, int8_min_weights) if multiplied is None else multiplied)
+        .reshape(-1, x.shape[-1])
+        .double()
+    )
     want = (xd @ w.T).reshape(*x.shape[:-1], -1)
     bound = rel * (xd.abs() @ w.abs().T).reshape(want.shape) + 1e-30
     assert y.shape == want.shape and y.dtype == x.dtype, (y.shape, y.dtype)
@@ -114,24 +122,23 @@ def check_against_reference(
     info = random_tensor(qtype)
     x = activations(m, info.shape[1], dtype)
     rel = FLOAT32_REL if dtype == torch.float32 else HALF_REL[dtype]
-    if m > gemv.MAX_BLOCK_M:  # the prefill path's operands: float16 for block formats, float weights' own
+    if m > launch.MAX_BLOCK_M:  # the prefill path's operands: float16 for block formats, float weights' own
         rel = FLOAT_PREFILL_REL.get(qtype, HALF_REL[torch.float16])
-    with int8_for_small_weights():
-        check(gemv.TritonLinear.apply(x, gemv.TritonLinear.prepare(info)), x, info, rel)
+    check(INT8_EVERYWHERE.apply(x, INT8_EVERYWHERE.prepare(info)), x, info, rel, int8_min_weights=0)
 
 
 def check_float_activations_below_int8_limit(qtype: gguf.GGMLQuantizationType, m: int) -> None:
-    """A weight under gemv.INT8_MIN_WEIGHTS of a format with int8 kernels multiplies float32
+    """A weight under the default int8 limit of a format with int8 kernels multiplies float32
     activations as they are, at decode (float32 bound, which the int8 rounding of x, up to 1/254 of a
     block's largest value per element, breaks) and at prefill (float16 operands)."""
     info = random_tensor(qtype)
-    weight = gemv.TritonLinear.prepare(info)
+    weight = LINEAR_KERNEL.prepare(info)
     x = activations(m, info.shape[1])
-    assert not gemv.TritonLinear.takes_int8(weight, m)
-    rel = FLOAT32_REL if m <= gemv.MAX_BLOCK_M else HALF_REL[torch.float16]
-    y = gemv.TritonLinear.apply(x, weight)
+    assert not LINEAR_KERNEL.takes_int8(weight, m)
+    rel = FLOAT32_REL if m <= launch.MAX_BLOCK_M else HALF_REL[torch.float16]
+    y = LINEAR_KERNEL.apply(x, weight)
     check(y, x, info, rel, multiplied=x)
-    if m <= gemv.MAX_BLOCK_M:  # the float32 bound tells int8 rounding apart
+    if m <= launch.MAX_BLOCK_M:  # the float32 bound tells int8 rounding apart
         with pytest.raises(AssertionError, match="x the bound"):
             check(y, x, info, rel, multiplied=rounded_rows_reference(x))
 
@@ -139,31 +146,34 @@ def check_float_activations_below_int8_limit(qtype: gguf.GGMLQuantizationType, m
 def check_split_k(qtype: gguf.GGMLQuantizationType) -> None:
     # K past two 2048-column steps of the vector kernels, with a tail
     info = random_tensor(qtype, cols=4096 + 3 * max(32, block_shape(qtype)[0]))
-    weight = gemv.TritonLinear.prepare(info)
+    weight = LINEAR_KERNEL.prepare(info)
     x = activations(3, info.shape[1])
-    check(gemv.gemv(x, weight, splits=2), x, info, FLOAT32_REL)
-    check(gemv.gemv(x, weight, splits=64), x, info, FLOAT32_REL)  # more splits than K steps
+    check(launch.gemv(x, weight, DEFAULT_LIMIT, LAUNCH, splits=2), x, info, FLOAT32_REL)
+    # more splits than K steps
+    check(launch.gemv(x, weight, DEFAULT_LIMIT, LAUNCH, splits=64), x, info, FLOAT32_REL)
 
 
 def check_leading_dims_and_empty_input() -> None:
     info = random_tensor(Q.Q4_K)
-    weight = gemv.TritonLinear.prepare(info)
+    weight = LINEAR_KERNEL.prepare(info)
     x = activations(6, info.shape[1]).reshape(2, 3, -1)
-    check(gemv.TritonLinear.apply(x, weight), x, info, FLOAT32_REL)
-    assert gemv.TritonLinear.apply(x[:0], weight).shape == (0, 3, ROWS)
+    check(LINEAR_KERNEL.apply(x, weight), x, info, FLOAT32_REL)
+    assert LINEAR_KERNEL.apply(x[:0], weight).shape == (0, 3, ROWS)
 
 
 def check_dequantize(qtype: gguf.GGMLQuantizationType, rows: int = ROWS, cols: int | None = None) -> None:
     """The prefill path's dequant kernel against the `gguf` package's numpy dequantizer."""
     info = random_tensor(qtype, rows, cols)
     want = torch.from_numpy(gguf.quants.dequantize(info.data, qtype).astype(np.float32))
-    weight = gemv.TritonLinear.prepare(info, None if torch.cuda.is_available() else torch.device("cpu"))
-    got = gemv.dequantize_weight(weight, torch.float32).cpu()
+    weight = planes.upload(info, None if torch.cuda.is_available() else torch.device("cpu"))
+    got = prefill_gemm.dequantize_weight(weight, torch.float32).cpu()
     assert got.shape == want.shape == info.shape, (got.shape, want.shape)
     torch.testing.assert_close(got, want.reshape(info.shape), rtol=1e-6, atol=1e-30)
-    half = gemv.dequantize_weight(weight, torch.float16).cpu()  # the prefill operands: round to nearest even
+    half = prefill_gemm.dequantize_weight(
+        weight, torch.float16
+    ).cpu()  # the prefill operands: round to nearest even
     assert torch.equal(half, got.to(torch.float16))
-    brain = gemv.dequantize_weight(weight, torch.bfloat16).cpu().float()
+    brain = prefill_gemm.dequantize_weight(weight, torch.bfloat16).cpu().float()
     if torch.cuda.is_available():  # compiled: round to nearest even, like torch
         assert torch.equal(brain, got.to(torch.bfloat16).float())
     else:  # the interpreter's bf16 conversion may truncate: within one bf16 step
@@ -175,7 +185,7 @@ def check_quantize_rows() -> None:
     quantizer (the same rule, d = max|x| / 127, stored there as float16)."""
     x = activations(3, 1024) * torch.logspace(-3, 2, 1024)  # blocks of very different magnitudes
     x[1, 64:96] = 0.0  # an all-zero block: d = 0, q = 0
-    got = gemv_int8.quantize_rows(x)
+    got = gemv_int8.quantize_rows(x, LAUNCH)
     for mine, oracle in zip(got, quantize_rows_reference(x), strict=True):
         assert torch.equal(mine, oracle)
     xq, xd, xs = got
@@ -204,17 +214,16 @@ def check_int8_rows_input(qtype: gguf.GGMLQuantizationType) -> None:
     """A product given rows already quantized (`Int8Rows`, as the fused norms hand them) equals the
     product of the float rows, which it quantizes itself; formats without int8 kernels refuse them."""
     info = random_tensor(qtype)
-    weight = gemv.TritonLinear.prepare(info)
+    weight = INT8_EVERYWHERE.prepare(info)
     x = activations(3, info.shape[1])
-    with int8_for_small_weights():
-        assert gemv.TritonLinear.takes_int8(weight, 3) and not gemv.TritonLinear.takes_int8(weight, 17)
-        assert torch.equal(
-            gemv.TritonLinear.apply(gemv_int8.quantize_rows(x), weight), gemv.TritonLinear.apply(x, weight)
-        )
-    other = gemv.TritonLinear.prepare(random_tensor(Q.Q4_0))
-    assert not gemv.TritonLinear.takes_int8(other, 1)
+    assert INT8_EVERYWHERE.takes_int8(weight, 3) and not INT8_EVERYWHERE.takes_int8(weight, 17)
+    assert torch.equal(
+        INT8_EVERYWHERE.apply(gemv_int8.quantize_rows(x, LAUNCH), weight), INT8_EVERYWHERE.apply(x, weight)
+    )
+    other = INT8_EVERYWHERE.prepare(random_tensor(Q.Q4_0))
+    assert not INT8_EVERYWHERE.takes_int8(other, 1)
     with pytest.raises(ValueError, match="no int8 kernel"):
-        gemv.gemv(gemv_int8.quantize_rows(x), other)
+        launch.gemv(gemv_int8.quantize_rows(x, LAUNCH), other, 0, LAUNCH)
 
 
 def interpreter_cases() -> dict[str, Callable[[], None]]:
@@ -231,7 +240,7 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
                 cases[name] = lambda q=qtype, m=m, d=dtype: check_against_reference(q, m, d)
     for qtype in (Q.Q4_0, Q.Q8_0, Q.Q5_K, Q.F16):
         cases[f"split_k-{qtype.name}"] = lambda q=qtype: check_split_k(q)
-    for qtype in gemv.INT8_FORMATS:
+    for qtype in launch.INT8_FORMATS:
         for m in (1, 5, 17):
             cases[f"float32-below-int8-limit-{qtype.name}-m{m}"] = lambda q=qtype, m=m: (
                 check_float_activations_below_int8_limit(q, m)
@@ -241,7 +250,7 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
     cases["quantize_rows"] = check_quantize_rows
     cases["round_rows"] = check_round_rows
-    for qtype in gemv.INT8_FORMATS:
+    for qtype in launch.INT8_FORMATS:
         cases[f"int8_rows_input-{qtype.name}"] = lambda q=qtype: check_int8_rows_input(q)
     return cases
 
@@ -256,16 +265,26 @@ interpreter_results, test_kernel_in_interpreter = interpreter_tests(interpreter_
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_field_planes_round_trip(qtype):
     info = random_tensor(qtype)
-    weight = gemv.TritonLinear.prepare(info, torch.device("cpu"))
-    fields = gemv.FORMATS[qtype].fields
+    weight = planes.upload(info, torch.device("cpu"))
+    fields = planes.FIELDS[qtype]
     assert sum(f.end - f.start for f in fields) == block_shape(qtype)[1]  # every byte, once
     assert all(p.is_contiguous() for p in weight.planes)
-    assert torch.equal(gemv.join_fields(qtype, weight.planes), torch.from_numpy(info.data))
+    assert torch.equal(planes.join_fields(qtype, weight.planes), torch.from_numpy(info.data))
 
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_registered_on_cuda_backend(qtype):
-    assert registry.lookup("cuda", "linear", qtype) == ("cuda", gemv.TritonLinear)
+    register_all("cuda", KernelOptions(int8_min_weights=4096))
+    route, kernel = registry.lookup("cuda", LINEAR, qtype)
+    assert route == "cuda" and isinstance(kernel, gemv.TritonLinear)
+    assert kernel.int8_min_weights == 4096  # built with the options registered
+
+
+def test_register_all_again_re_registers_with_the_new_options():
+    for limit in (0, 2**21):
+        register_all("cuda", KernelOptions(int8_min_weights=limit, dependent_launch=limit > 0))
+        _, kernel = registry.lookup("cuda", LINEAR, Q.Q4_K)
+        assert kernel.int8_min_weights == limit and kernel.launch.enabled == (limit > 0)
 
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
@@ -275,10 +294,10 @@ def test_int8_activations_only_for_large_weights(qtype):
     gemma3-270m's layer matrices: 640 x 2048 at most); float16 activations never."""
     x = torch.empty(1, 2048)
     for shape, large in (((1024, 2048), True), ((1023, 2048), False), ((640, 2048), False)):
-        weight = gemv.TritonWeight(qtype, shape, ())
-        assert gemv.int8_activations(x, weight) == (large and qtype in gemv.INT8_FORMATS)
-        assert gemv.TritonLinear.takes_int8(weight, 1) == (large and qtype in gemv.INT8_FORMATS)
-        assert not gemv.int8_activations(x.half(), weight)
+        weight = planes.TritonWeight(qtype, shape, ())
+        assert launch.int8_activations(x, weight, DEFAULT_LIMIT) == (large and qtype in launch.INT8_FORMATS)
+        assert LINEAR_KERNEL.takes_int8(weight, 1) == (large and qtype in launch.INT8_FORMATS)
+        assert not launch.int8_activations(x.half(), weight, DEFAULT_LIMIT)
 
 
 @pytest.mark.parametrize("preset", ["1.7b", "4b", "8b", "14b", "32b"])
@@ -290,16 +309,18 @@ def test_every_qwen3_matrix_from_1_7b_up_runs_on_int8(preset):
         shape = QWEN3_PRESETS[name]
         n, k = shape.num_key_value_heads * shape.head_dim, shape.hidden_size
         assert min(n * k, shape.intermediate_size * k) == n * k
-        assert gemv.runs_on_int8(gemv.TritonWeight(Q.Q4_K, (n, k), ())) == large
+        assert launch.runs_on_int8(planes.TritonWeight(Q.Q4_K, (n, k), ()), DEFAULT_LIMIT) == large
 
 
-def test_int8_limit_from_the_environment(monkeypatch):
-    """GUFO_INT8_MIN_WEIGHTS sets the limit; a value that is not a whole number is one error line, exit 2."""
+def test_int8_limit_from_the_environment():
+    """GUFO_INT8_MIN_WEIGHTS sets the limit (KernelOptions.from_environment)."""
     for value in ("0", "4096"):
-        monkeypatch.setenv("GUFO_INT8_MIN_WEIGHTS", value)
-        assert gemv._int8_min_weights() == int(value)
-    monkeypatch.delenv("GUFO_INT8_MIN_WEIGHTS")
-    assert gemv._int8_min_weights() == 2**21
+        assert KernelOptions.from_environment({"GUFO_INT8_MIN_WEIGHTS": value}).int8_min_weights == int(value)
+    assert KernelOptions.from_environment({}).int8_min_weights == 2**21
+
+
+def test_int8_limit_not_a_whole_number_is_one_error_line():
+    """Through the CLI, which builds the kernel options from the environment: exit 2, one line."""
     from tests.conftest import HANG_GUARD_S  # not at the top: this module is also the interpreter worker
 
     env = {**os.environ, "GUFO_INT8_MIN_WEIGHTS": "-5"}
@@ -310,6 +331,26 @@ def test_int8_limit_from_the_environment(monkeypatch):
     assert bad.stderr.count("\n") == 1
 
 
+def test_launchers_check_their_operands():
+    """Shapes, dtypes and devices are checked before any launch: each mismatch is an error naming it."""
+    info = random_tensor(Q.Q4_K)
+    weight = planes.upload(info, torch.device("cpu"))
+    k = info.shape[1]
+    for rows in (1, launch.MAX_BLOCK_M + 1):  # the skinny products and the prefill route
+        with pytest.raises(ValueError, match=f"activation columns of a product with a {ROWS}x{k} weight"):
+            LINEAR_KERNEL.apply(torch.zeros(rows, k + 32), weight)
+        with pytest.raises(TypeError, match="activations: dtype int32"):
+            LINEAR_KERNEL.apply(torch.zeros(rows, k, dtype=torch.int32), weight)
+        with pytest.raises(ValueError, match="the activations is on meta, expected cpu"):
+            LINEAR_KERNEL.apply(torch.zeros(rows, k, device="meta"), weight)
+    with pytest.raises(ValueError, match="split-K: 0 splits"):
+        launch.gemv(torch.zeros(1, k), weight, DEFAULT_LIMIT, LAUNCH, splits=0)
+    with pytest.raises(ValueError, match="no Triton product for Q2_K"):
+        LINEAR_KERNEL.apply(torch.zeros(1, k), planes.TritonWeight(Q.Q2_K, (ROWS, k), ()))
+    with pytest.raises(TypeError, match="dequantized weight: dtype torch.int8"):
+        prefill_gemm.dequantize_weight(weight, torch.int8)
+
+
 def test_package_imports_without_triton():
     from tests.conftest import HANG_GUARD_S
 
@@ -317,10 +358,14 @@ def test_package_imports_without_triton():
         "import sys; sys.modules['triton'] = None\n"  # makes `import triton` raise ImportError
         "import gufo.kernels.triton as t\n"
         "from gufo.kernels import registry, linear_reference\n"
+        "from gufo.kernels.catalog import register_all\n"
+        "from gufo.kernels.contracts import LINEAR\n"
         "from gguf import GGMLQuantizationType as Q\n"
         "assert not t.AVAILABLE\n"
+        "register_all('cuda')\n"
         # without Triton the cuda backend falls back to dequantizing on the device
-        "assert registry.lookup('cuda', 'linear', Q.Q4_K)[1] is linear_reference.DeviceDequantLinear\n"
+        "kernel = registry.lookup('cuda', LINEAR, Q.Q4_K)[1]\n"
+        "assert isinstance(kernel, linear_reference.DeviceDequantLinear)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=HANG_GUARD_S)
 
@@ -341,12 +386,14 @@ GPU_REL = {torch.float32: 1e-4, torch.float16: 2.0**-9, torch.bfloat16: 2.0**-7}
 def test_gpu_real_shapes(qtype, m):
     """Qwen3-8B widths: K = 4096, 5096 rows (a tail tile); M > 16 takes the prefill path."""
     info = random_tensor(qtype, rows=4096 + 1000, cols=4096)
-    weight = gemv.TritonLinear.prepare(info)
+    weight = LINEAR_KERNEL.prepare(info)
     for dtype in (torch.float32, torch.bfloat16):
         x = activations(m, 4096, dtype)
-        y = gemv.TritonLinear.apply(x.cuda(), weight).cpu()
-        prefill = m > gemv.MAX_BLOCK_M  # float16 operands for block formats, float weights' own dtype
-        operands = gemv.FLOAT_PREFILL_DTYPES.get(qtype, gemv.PREFILL_DTYPE) if prefill else dtype
+        y = LINEAR_KERNEL.apply(x.cuda(), weight).cpu()
+        prefill = m > launch.MAX_BLOCK_M  # float16 operands for block formats, float weights' own dtype
+        operands = (
+            prefill_gemm.FLOAT_PREFILL_DTYPES.get(qtype, prefill_gemm.PREFILL_DTYPE) if prefill else dtype
+        )
         check(y, x, info, max(GPU_REL[operands], GPU_REL[dtype]))
 
 
@@ -361,7 +408,9 @@ def test_gpu_quantize_rows_real_shape():
     """The compiled quantizer and prefill's activation rounding bit for bit their torch oracles on a
     Qwen3-8B FFN width."""
     x = activations(16, 12288) * 10.0
-    for mine, oracle in zip(gemv_int8.quantize_rows(x.cuda()), quantize_rows_reference(x), strict=True):
+    for mine, oracle in zip(
+        gemv_int8.quantize_rows(x.cuda(), LAUNCH), quantize_rows_reference(x), strict=True
+    ):
         assert torch.equal(mine.cpu(), oracle)
     rounded = gemv_int8.round_rows(x.cuda(), torch.float16).cpu()
     assert torch.equal(rounded, rounded_rows_reference(x, torch.float16))

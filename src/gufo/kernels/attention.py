@@ -14,8 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from gufo.kernels.contracts import (
+    ATTENTION_DECODE,
+    ATTENTION_PREFILL,
+    AttentionDecodeKernel,
+    AttentionPrefillKernel,
+)
 from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
-from gufo.kernels.registry import REFERENCE_BACKEND, register
+from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 
 @dataclass(frozen=True)
@@ -63,8 +69,7 @@ def visible(span: int, index: torch.Tensor, window: int | None) -> torch.Tensor:
     return allowed
 
 
-@register(REFERENCE_BACKEND, "attention_decode")
-class ReferenceAttentionDecode:
+class ReferenceAttentionDecode(AttentionDecodeKernel):
     name = "torch-attention-decode"
 
     @staticmethod
@@ -96,8 +101,7 @@ class ReferenceAttentionDecode:
         return as_int8_rows(out) if int8 else out
 
 
-@register(REFERENCE_BACKEND, "attention_prefill")
-class ReferenceAttentionPrefill:
+class ReferenceAttentionPrefill(AttentionPrefillKernel):
     name = "torch-sdpa-masked"
 
     @staticmethod
@@ -120,13 +124,11 @@ class ReferenceAttentionPrefill:
         return _sdpa(q, keys, values, allowed, scale)
 
 
-@register("cuda", "attention_prefill")
-class FusedAttentionPrefill:
+class FusedAttentionPrefill(AttentionPrefillKernel):
     """GPUs: without a window the mask is causal aligned to the last key, which torch's flash kernel
     takes without a materialised mask, reading the KV heads shared by query heads as they are (GQA;
-    expanding them to the query heads first cost 0.1 ms per 8B layer and 512-token chunk at depth 4096
-    on the H200, docs/BENCHMARKS.md). Where no fused kernel takes GQA, torch materialises the mask
-    (correct, slower). Windowed layers use the reference."""
+    docs/decisions.md, "prefill attention reads the shared KV heads"). Where no fused kernel takes GQA,
+    torch materialises the mask (correct, slower). Windowed layers use the reference."""
 
     name = "torch-sdpa-causal-lower-right"
 
@@ -158,3 +160,10 @@ def _sdpa(
         enable_gqa=True,
     )
     return out[0].transpose(0, 1).reshape(q.shape[0], -1).to(q.dtype)
+
+
+KERNELS = (
+    Registration(REFERENCE_BACKEND, ATTENTION_DECODE, ReferenceAttentionDecode()),
+    Registration(REFERENCE_BACKEND, ATTENTION_PREFILL, ReferenceAttentionPrefill()),
+    Registration("cuda", ATTENTION_PREFILL, FusedAttentionPrefill()),
+)

@@ -5,29 +5,21 @@ from __future__ import annotations
 import torch
 
 from gufo.errors import BadInputError
-
-# Importing these modules registers their kernels.
-from gufo.kernels import (  # noqa: F401
-    attention,
-    causal_conv,
-    cpu_int8,
-    decode,
-    delta_rule,
-    linear_reference,
-    norm,
-    pointwise,
-)
+from gufo.kernels.catalog import DEFAULT_OPTIONS, register_all
+from gufo.options import KernelOptions
 
 
-def select(device: str) -> str:
-    """Check the device and make it current (GPU kernels allocate on the current device)."""
+def select(device: str, options: KernelOptions = DEFAULT_OPTIONS) -> str:
+    """Check the device, make it current (GPU kernels allocate on the current device) and register its
+    backend's kernels, built with `options`; the backend's name."""
     kind = device.split(":", 1)[0]
     if kind == "cpu":
+        register_all("cpu", options)
         return "cpu"
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise BadInputError(f"--device {device}: no CUDA/ROCm device is visible to torch")
-        from gufo.kernels import triton as triton_kernels  # registers the Triton kernels
+        from gufo.kernels import triton as triton_kernels
 
         if not triton_kernels.AVAILABLE:
             raise BadInputError(f"--device {device}: the `triton` package is not installed")
@@ -37,6 +29,7 @@ def select(device: str) -> str:
                 torch.cuda.set_device(index)
         except (RuntimeError, ValueError) as err:
             raise BadInputError(f"--device {device}: {err}") from None
+        register_all("cuda", options)
         return "cuda"
     raise BadInputError(f"--device {device}: unknown device (expected cpu or cuda[:N])")
 

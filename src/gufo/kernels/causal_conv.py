@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from gufo.kernels.registry import REFERENCE_BACKEND, register
+from gufo.kernels.contracts import CAUSAL_CONV1D, CausalConvKernel
+from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 
-@register(REFERENCE_BACKEND, "causal_conv1d")
-class ReferenceCausalConv1d:
+class ReferenceCausalConv1d(CausalConvKernel):
     name = "torch-causal-conv1d"
 
     @staticmethod
@@ -27,3 +27,6 @@ class ReferenceCausalConv1d:
         if state.shape[1]:
             state.copy_(window[:, -state.shape[1] :])
         return out.T
+
+
+KERNELS = (Registration(REFERENCE_BACKEND, CAUSAL_CONV1D, ReferenceCausalConv1d()),)

@@ -24,7 +24,8 @@ import torch
 
 from gufo.formats import QUANTIZED_QTYPES, unpack
 from gufo.gguf.model_file import TensorInfo
-from gufo.kernels.registry import register
+from gufo.kernels.contracts import LINEAR, LinearKernel
+from gufo.kernels.registry import Registration
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def pack_nibbles(values: torch.Tensor) -> torch.Tensor:
 _LIB: ctypes.CDLL | None = None  # set once `available()` has built the library
 
 
-class CpuInt8Linear:
+class CpuInt8Linear(LinearKernel):
     """Registered for every quantized qtype on the `cpu` backend."""
 
     name = "cpu-int8-avx2"
@@ -162,7 +163,4 @@ class CpuInt8Linear:
         return y.reshape(*lead, n)
 
 
-for _qtype in QUANTIZED_QTYPES:
-    register("cpu", "linear", _qtype)(CpuInt8Linear)
-
-__all__ = ["CpuInt8Linear", "Int8Weight"]
+KERNELS = tuple(Registration("cpu", LINEAR, CpuInt8Linear(), qtype) for qtype in QUANTIZED_QTYPES)

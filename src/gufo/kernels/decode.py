@@ -1,10 +1,10 @@
-"""The "decode_layer" op: the torch layer (reference) and the fused CPU kernel (csrc/decode_cpu.c).
+"""The "decode_layer" op: the fused CPU kernel (csrc/decode_cpu.c), which runs a whole decoder layer.
 
 At decode a layer is ~35 tiny torch ops whose interpreter cost exceeds their work; the CPU kernel runs
-the whole layer in one C call. It takes a model whose every product runs on the int8 CPU kernel.
-A kernel with `batch_invariant = True` also takes a few consecutive tokens at once and gives each the
-numbers a one-token call would: speculative verification reads the weights once for all drafted tokens
-without changing greedy output. The torch layer's multi-token path (prefill) is not batch-invariant.
+the whole layer in one C call. It reads the layers as `LayerSpec`s and takes them when every product
+runs on the int8 CPU kernel. It is batch-invariant: it also takes a few consecutive tokens at once and
+gives each the numbers a one-token call would, so speculative verification reads the weights once for
+all drafted tokens without changing greedy output.
 """
 
 from __future__ import annotations
@@ -12,73 +12,23 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from gufo.errors import BadInputError
-from gufo.kernels.attention import RowPositions, TokenPositions
+from gufo.kernels.attention import RowPositions
+from gufo.kernels.contracts import (
+    DECODE_LAYER,
+    DecodeLayerKernel,
+    FusedProductSpec,
+    KVCacheView,
+    LayerSpec,
+    ProductSpec,
+)
 from gufo.kernels.cpu_int8 import CpuInt8Linear, Int8Weight, library
-from gufo.kernels.registry import REFERENCE_BACKEND, register
-
-if TYPE_CHECKING:
-    from gufo.models.base import DecoderLayer
-    from gufo.models.kv_cache import KVCache
-    from gufo.models.layers import FusedLinear, Linear
+from gufo.kernels.registry import Registration
 
 ACT_CODES = ("silu", "gelu_tanh")  # index = the C kernel's ACT_* value
-
-
-@register(REFERENCE_BACKEND, "decode_layer")
-class ReferenceDecodeLayer:
-    name = "torch-layer"
-    batch_invariant = False
-
-    @staticmethod
-    def prepare(layers: list[DecoderLayer]) -> list[DecoderLayer]:
-        return layers
-
-    @staticmethod
-    def apply(
-        plan: list[DecoderLayer],
-        index: int,
-        x: torch.Tensor,
-        rope_tables: tuple[torch.Tensor, torch.Tensor],
-        cache: KVCache,
-        slot: int,
-        start_pos: int,
-    ) -> torch.Tensor:
-        return plan[index](x, rope_tables, cache, index, slot, start_pos)
-
-
-@register("cuda", "decode_layer")
-class DeviceDecodeLayer(ReferenceDecodeLayer):
-    """GPUs: the torch layer on the backend's kernels, batch-invariant up to `max_tokens` tokens: the
-    products of up to 16 rows run the skinny kernels with each row's M = 1 arithmetic, the norms,
-    RoPE and activation are row-wise kernels, and each token attends through the one-token op over
-    the span its own decode step reads (TokenPositions), so speculative verification gives the
-    graph-replayed decode steps' logits bit for bit."""
-
-    name = "torch-layer-per-token"
-    batch_invariant = True
-    max_tokens = 16  # the skinny products' row limit (gufo.kernels.triton.gemv.MAX_BLOCK_M)
-
-    @staticmethod
-    def apply(
-        plan: list[DecoderLayer],
-        index: int,
-        x: torch.Tensor,
-        rope_tables: tuple[torch.Tensor, torch.Tensor],
-        cache: KVCache,
-        slot: int,
-        start_pos: int,
-    ) -> torch.Tensor:
-        if isinstance(start_pos, int) and x.shape[0] > 1:
-            start_pos = TokenPositions(start_pos)
-        # each layer's last residual add goes into the next layer's pre-norm kernel (one launch fewer);
-        # the last layer adds its own
-        defer = index + 1 < len(plan)
-        return plan[index](x, rope_tables, cache, index, slot, start_pos, defer)
 
 
 _f32, _i32, _ptr = ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
@@ -134,33 +84,42 @@ def _ptr_of(t: torch.Tensor | None) -> int | None:
     return t.data_ptr() if t is not None else None
 
 
-def _part(linear: Linear, out: int) -> PartStruct:
-    w: Int8Weight = linear.weight
+def _part(product: ProductSpec, out: int) -> PartStruct:
+    w: Int8Weight = product.weight
     return PartStruct(
-        w.q.data_ptr(), w.scale.data_ptr(), _ptr_of(w.offset), out, linear.out_features, w.group, w.kind
+        w.q.data_ptr(), w.scale.data_ptr(), _ptr_of(w.offset), out, product.out_features, w.group, w.kind
     )
 
 
-def _fused_parts(fused: FusedLinear, out: int) -> tuple[list[PartStruct], list[int]]:
+def _fused_parts(fused: FusedProductSpec, out: int) -> tuple[list[PartStruct], list[int]]:
     """Parts writing one after another into float32s at `out`, and the address of each named matrix's rows."""
     parts, starts, offset = [], [], 0
-    for linear in fused.parts:
-        parts.append(_part(linear, out + 4 * offset))
-        for size in linear.split_sizes:
+    for product in fused.parts:
+        parts.append(_part(product, out + 4 * offset))
+        for size in product.split_sizes:
             starts.append(offset)
             offset += size
     return parts, [out + 4 * starts[i] for i in fused.order]
 
 
-def _linears(layer: DecoderLayer) -> list[Linear]:
-    return [*layer.attn.qkv.parts, layer.attn.o, *layer.ffn.gate_up.parts, layer.ffn.down]
+def _products(spec: LayerSpec) -> list[ProductSpec]:
+    return [*spec.qkv.parts, spec.o, *spec.gate_up.parts, spec.down]
 
 
-@register("cpu", "decode_layer")
-class CpuDecodeLayer:
+def _runs_here(product: ProductSpec) -> bool:
+    """An int8 CPU product with nothing between it and the next step of the layer."""
+    return (
+        isinstance(product.kernel, CpuInt8Linear)
+        and product.route == "cpu"
+        and not product.has_bias
+        and not product.has_collective
+    )
+
+
+class CpuDecodeLayer(DecodeLayerKernel):
     name = "cpu-fused-layer"
     batch_invariant = True
-    multi_slot = True  # takes RowPositions: several sequences' decode steps in one call
+    multi_slot = True
     rows = 16  # scratch capacity in tokens: a verification of up to 15 drafts runs in one call
 
     @staticmethod
@@ -168,18 +127,12 @@ class CpuDecodeLayer:
         return library() is not None
 
     @staticmethod
-    def prepare(layers: list[DecoderLayer]) -> CpuDecodePlan | None:
+    def prepare(specs: list[LayerSpec]) -> CpuDecodePlan | None:
         """The C structs of every layer over shared scratch; None when a layer has a product this kernel
         cannot run (a float or unsupported weight, a bias), an activation it does not know, or a
         collective between its products (a tensor-parallel shard: the torch layer runs it per rank)."""
-        for layer in layers:
-            if layer.ffn.act_name not in ACT_CODES or any(
-                lin.kernel is not CpuInt8Linear
-                or lin.route != "cpu"
-                or getattr(lin, "after", None) is not None
-                or getattr(lin, "bias", None) is not None
-                for lin in _linears(layer)
-            ):
+        for spec in specs:
+            if spec.activation not in ACT_CODES or not all(_runs_here(p) for p in _products(spec)):
                 return None
         # Layers run one after another, so they share one set of scratch vectors (kept hot in cache), each
         # with room for `rows` tokens.
@@ -190,56 +143,55 @@ class CpuDecodeLayer:
             scratch.append(torch.zeros(rows * n, dtype=dtype))
             return scratch[-1].data_ptr()
 
-        def widest(get: Callable[[DecoderLayer], int]) -> int:
-            return max(get(layer) for layer in layers)
+        def widest(get: Callable[[LayerSpec], int]) -> int:
+            return max(get(spec) for spec in specs)
 
-        cfg = layers[0].attn.cfg
-        k_max = widest(lambda layer: max(lin.in_features for lin in _linears(layer)))
+        first = specs[0]
+        k_max = widest(lambda spec: max(p.in_features for p in _products(spec)))
         xq, xs, xsum16, xsum32 = (
             buffer(k_max, torch.int8),
             buffer(k_max // 32),
             buffer(k_max // 16),
             buffer(k_max // 32),
         )
-        ld_qkv = widest(lambda layer: sum(p.out_features for p in layer.attn.qkv.parts))
-        ld_gate_up = widest(lambda layer: sum(p.out_features for p in layer.ffn.gate_up.parts))
+        ld_qkv = widest(lambda spec: sum(p.out_features for p in spec.qkv.parts))
+        ld_gate_up = widest(lambda spec: sum(p.out_features for p in spec.gate_up.parts))
         qkv_out, gate_up_out = buffer(ld_qkv), buffer(ld_gate_up)
-        xn, h = buffer(cfg.n_embd), buffer(cfg.n_embd)
+        xn, h = buffer(first.n_embd), buffer(first.n_embd)
         attn_out, act_out = (
-            buffer(widest(lambda layer: layer.attn.o.in_features)),
-            buffer(widest(lambda layer: layer.ffn.down.in_features)),
+            buffer(widest(lambda spec: spec.o.in_features)),
+            buffer(widest(lambda spec: spec.down.in_features)),
         )
         structs = []
-        for layer in layers:
-            attn, ffn = layer.attn, layer.ffn
-            qkv_parts, (q, k, v) = _fused_parts(attn.qkv, qkv_out)
-            gu_parts, (gate, up) = _fused_parts(ffn.gate_up, gate_up_out)
+        for spec in specs:
+            qkv_parts, (q, k, v) = _fused_parts(spec.qkv, qkv_out)
+            gu_parts, (gate, up) = _fused_parts(spec.gate_up, gate_up_out)
             structs.append(
                 DecodeLayerStruct(
-                    cfg.n_embd,
-                    cfg.n_heads,
-                    cfg.n_kv_heads,
-                    cfg.key_dim,
-                    cfg.value_dim,
-                    ffn.down.in_features,
-                    attn.rope.dim,
-                    int(attn.rope.neox),
-                    ACT_CODES.index(ffn.act_name),
-                    attn.window or 0,
-                    cfg.rms_eps,
-                    attn.scale,
-                    layer.attn_norm.weight.data_ptr(),
-                    _ptr_of(attn.q_norm.weight if attn.q_norm else None),
-                    _ptr_of(attn.k_norm.weight if attn.k_norm else None),
-                    _ptr_of(layer.post_attn_norm.weight if layer.post_attn_norm else None),
-                    layer.ffn_norm.weight.data_ptr(),
-                    _ptr_of(layer.post_ffn_norm.weight if layer.post_ffn_norm else None),
+                    spec.n_embd,
+                    spec.n_heads,
+                    spec.n_kv_heads,
+                    spec.key_dim,
+                    spec.value_dim,
+                    spec.down.in_features,
+                    spec.rope_dim,
+                    int(spec.rope_neox),
+                    ACT_CODES.index(spec.activation),
+                    spec.window or 0,
+                    spec.eps,
+                    spec.attn_scale,
+                    spec.attn_norm.data_ptr(),
+                    _ptr_of(spec.q_norm),
+                    _ptr_of(spec.k_norm),
+                    _ptr_of(spec.post_attn_norm),
+                    spec.ffn_norm.data_ptr(),
+                    _ptr_of(spec.post_ffn_norm),
                     len(qkv_parts),
                     len(gu_parts),
                     (PartStruct * 3)(*qkv_parts),
-                    _part(attn.o, h),
+                    _part(spec.o, h),
                     (PartStruct * 2)(*gu_parts),
-                    _part(ffn.down, h),
+                    _part(spec.down, h),
                     q,
                     k,
                     v,
@@ -257,7 +209,7 @@ class CpuDecodeLayer:
                     ld_gate_up,
                 )
             )
-        return CpuDecodePlan(structs, scratch, cfg.n_heads, rows, torch.empty(0))
+        return CpuDecodePlan(structs, scratch, first.n_heads, rows, torch.empty(0))
 
     @staticmethod
     def apply(
@@ -265,7 +217,7 @@ class CpuDecodeLayer:
         index: int,
         x: torch.Tensor,
         rope_tables: tuple[torch.Tensor, torch.Tensor],
-        cache: KVCache,
+        cache: KVCacheView,
         slot: int,
         start_pos: int | RowPositions,
     ) -> torch.Tensor:
@@ -301,3 +253,6 @@ class CpuDecodeLayer:
                 plan.scores.data_ptr(),
             )
         return out
+
+
+KERNELS = (Registration("cpu", DECODE_LAYER, CpuDecodeLayer()),)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gufo.kernels.registry import REFERENCE_BACKEND, register
+from gufo.kernels.contracts import GATED_DELTA_RULE, DeltaRuleKernel
+from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 CHUNK = 64
 
@@ -91,8 +92,7 @@ def chunked_delta_rule(
     return out.reshape(n_heads, -1, out.shape[-1])[:, :n_tokens].transpose(0, 1)
 
 
-@register(REFERENCE_BACKEND, "gated_delta_rule")
-class ReferenceGatedDeltaRule:
+class ReferenceGatedDeltaRule(DeltaRuleKernel):
     """One token: the recurrent form; more: the chunked form. q is multiplied by `scale` first."""
 
     name = "torch-gated-delta-rule"
@@ -109,3 +109,6 @@ class ReferenceGatedDeltaRule:
     ) -> torch.Tensor:
         form = recurrent_delta_rule if q.shape[0] == 1 else chunked_delta_rule
         return form(q * scale, k, v, g, beta, state)
+
+
+KERNELS = (Registration(REFERENCE_BACKEND, GATED_DELTA_RULE, ReferenceGatedDeltaRule()),)

@@ -9,7 +9,8 @@ import torch
 
 from gufo.formats import dequantize
 from gufo.gguf.model_file import TensorInfo
-from gufo.kernels.registry import REFERENCE_BACKEND, register
+from gufo.kernels.contracts import LINEAR, LinearKernel
+from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 
 def raw_rows(info: TensorInfo) -> torch.Tensor:
@@ -27,8 +28,7 @@ def dequantize_tensor(info: TensorInfo, rows: torch.Tensor | None = None) -> tor
     return dequantize(info.qtype, raw, info.shape[-1])
 
 
-@register(REFERENCE_BACKEND, "linear")
-class ReferenceLinear:
+class ReferenceLinear(LinearKernel):
     """y = x @ W^T with W dequantized to float32 at load."""
 
     name = "torch-dequant-f32"
@@ -42,8 +42,7 @@ class ReferenceLinear:
         return x @ weight.T
 
 
-@register("cuda", "linear")
-class DeviceDequantLinear:
+class DeviceDequantLinear(LinearKernel):
     """GPU fallback for block formats without a Triton kernel: the raw GGUF rows live on the device and
     are dequantized there for every product (correct, not fast)."""
 
@@ -57,3 +56,9 @@ class DeviceDequantLinear:
     def apply(x: torch.Tensor, weight: tuple[TensorInfo, torch.Tensor]) -> torch.Tensor:
         info, raw = weight
         return x @ dequantize(info.qtype, raw, info.shape[-1]).to(x.dtype).T
+
+
+KERNELS = (
+    Registration(REFERENCE_BACKEND, LINEAR, ReferenceLinear()),
+    Registration("cuda", LINEAR, DeviceDequantLinear()),
+)

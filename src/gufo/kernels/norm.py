@@ -7,14 +7,23 @@ from __future__ import annotations
 import torch
 
 from gufo.kernels.attention import write_entries
+from gufo.kernels.contracts import (
+    ADD_RMS_NORM,
+    ATTENTION_HEADS,
+    RMS_NORM,
+    RMS_NORM_ROPE,
+    AddRmsNormKernel,
+    AttentionHeadsKernel,
+    RmsNormKernel,
+    RmsNormRopeKernel,
+)
 from gufo.kernels.cpu_int8 import library
 from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
 from gufo.kernels.pointwise import ReferenceRope
-from gufo.kernels.registry import REFERENCE_BACKEND, register
+from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 
-@register(REFERENCE_BACKEND, "rms_norm")
-class ReferenceRmsNorm:
+class ReferenceRmsNorm(RmsNormKernel):
     name = "torch-rms-norm"
 
     @staticmethod
@@ -26,8 +35,7 @@ class ReferenceRmsNorm:
         return as_int8_rows(normed) if int8 else normed
 
 
-@register("cpu", "rms_norm")
-class CpuRmsNorm:
+class CpuRmsNorm(RmsNormKernel):
     name = "cpu-rms-norm-avx2"
 
     @staticmethod
@@ -35,16 +43,17 @@ class CpuRmsNorm:
         return library() is not None
 
     @staticmethod
-    def apply(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def apply(
+        x: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
+    ) -> torch.Tensor | Int8Rows:
         x = x.contiguous()
         y = torch.empty_like(x)
         k = x.shape[-1]
         library().gufo_rms_norm(x.numel() // k, k, x.data_ptr(), weight.data_ptr(), eps, y.data_ptr())
-        return y
+        return as_int8_rows(y) if int8 else y
 
 
-@register(REFERENCE_BACKEND, "add_rms_norm")
-class ReferenceAddRmsNorm:
+class ReferenceAddRmsNorm(AddRmsNormKernel):
     """(x + h, RMSNorm(x + h)): the residual add before a pre-norm, as one op."""
 
     name = "torch-add-rms-norm"
@@ -57,8 +66,7 @@ class ReferenceAddRmsNorm:
         return total, ReferenceRmsNorm.apply(total, weight, eps, int8)
 
 
-@register(REFERENCE_BACKEND, "rms_norm_rope")
-class ReferenceRmsNormRope:
+class ReferenceRmsNormRope(RmsNormRopeKernel):
     """Per-head RMSNorm then rotary embedding (the QK norm of qwen3 and gemma3), as one op."""
 
     name = "torch-rms-norm-rope"
@@ -71,8 +79,7 @@ class ReferenceRmsNormRope:
         return ReferenceRope.apply(ReferenceRmsNorm.apply(x, weight, eps), cos, sin, neox)
 
 
-@register(REFERENCE_BACKEND, "attention_heads")
-class ReferenceAttentionHeads:
+class ReferenceAttentionHeads(AttentionHeadsKernel):
     """A decode step's projected heads: q and k normed (QK norm, when weights are given) and rotated;
     k and v written into the cache at the tokens' positions; returns q."""
 
@@ -102,3 +109,12 @@ class ReferenceAttentionHeads:
 
         write_entries(keys, values, index, rotate(k, k_weight), v)
         return rotate(q, q_weight)
+
+
+KERNELS = (
+    Registration(REFERENCE_BACKEND, RMS_NORM, ReferenceRmsNorm()),
+    Registration("cpu", RMS_NORM, CpuRmsNorm()),
+    Registration(REFERENCE_BACKEND, ADD_RMS_NORM, ReferenceAddRmsNorm()),
+    Registration(REFERENCE_BACKEND, RMS_NORM_ROPE, ReferenceRmsNormRope()),
+    Registration(REFERENCE_BACKEND, ATTENTION_HEADS, ReferenceAttentionHeads()),
+)

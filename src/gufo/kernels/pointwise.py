@@ -8,8 +8,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from gufo.kernels.contracts import GATED_ACT, ROPE, GatedActKernel, RopeKernel
 from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
-from gufo.kernels.registry import REFERENCE_BACKEND, register
+from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -28,8 +29,7 @@ def rotated(x: torch.Tensor, neox: bool) -> torch.Tensor:
     return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
 
 
-@register(REFERENCE_BACKEND, "rope")
-class ReferenceRope:
+class ReferenceRope(RopeKernel):
     name = "torch-rope"
 
     @staticmethod
@@ -43,8 +43,7 @@ class ReferenceRope:
         return torch.cat((rot * cos + rotated(rot, neox) * sin, rest), -1)
 
 
-@register(REFERENCE_BACKEND, "gated_act")
-class ReferenceGatedAct:
+class ReferenceGatedAct(GatedActKernel):
     name = "torch-gated-act"
 
     @staticmethod
@@ -52,3 +51,9 @@ class ReferenceGatedAct:
         """act(gate) * up; `int8`: as `Int8Rows` (what a backend's int8 products take)."""
         out = ACTIVATIONS[act](gate) * up
         return as_int8_rows(out) if int8 else out
+
+
+KERNELS = (
+    Registration(REFERENCE_BACKEND, ROPE, ReferenceRope()),
+    Registration(REFERENCE_BACKEND, GATED_ACT, ReferenceGatedAct()),
+)

@@ -1,4 +1,4 @@
-"""Kernel registry: (backend, op, qtype) -> implementation.
+"""Kernel registry: (backend, op, qtype) -> kernel, filled by `gufo.kernels.catalog.register_all`.
 
 Every backend kernel is registered beside the torch reference for the same (op, qtype); the reference
 is the oracle in tests and the fallback when a backend has no kernel (or cannot build one here).
@@ -6,30 +6,53 @@ is the oracle in tests and the fallback when a backend has no kernel (or cannot 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from gufo.kernels.contracts import Kernel, Op
 
 REFERENCE_BACKEND = "torch"
 AnyQType = None  # registry key meaning "every qtype without a specific entry"
 
-_KERNELS: dict[tuple[str, str, Any], Any] = {}
+KernelType = TypeVar("KernelType", bound=Kernel)
 
 
-def register(backend: str, op: str, qtype: Any = AnyQType) -> Callable[[Any], Any]:
-    def decorate(impl: Any) -> Any:
-        _KERNELS[(backend, op, qtype)] = impl
-        return impl
+@dataclass(frozen=True)
+class Registration:
+    """One entry a kernel module provides: `kernel` for `op` on `backend`, for one qtype or any."""
 
-    return decorate
+    backend: str
+    op: Op[Any]
+    kernel: Kernel
+    qtype: Any = AnyQType
 
 
-def lookup(backend: str, op: str, qtype: Any = AnyQType) -> tuple[str, Any]:
-    """Return (backend actually used, implementation); falls back to the torch reference."""
-    for key in ((backend, op, qtype), (backend, op, AnyQType)):
-        impl = _KERNELS.get(key)
-        if impl is not None and getattr(impl, "available", lambda: True)():
-            return key[0], impl
-    for key in ((REFERENCE_BACKEND, op, qtype), (REFERENCE_BACKEND, op, AnyQType)):
+_KERNELS: dict[tuple[str, str, Any], Kernel] = {}
+
+
+def register(entry: Registration) -> None:
+    """Add (or replace) one kernel."""
+    _KERNELS[(entry.backend, entry.op.name, entry.qtype)] = entry.kernel
+
+
+def find(backend: str, op: Op[KernelType] | str, qtype: Any = AnyQType) -> tuple[str, KernelType] | None:
+    """(backend actually used, kernel): the backend's available kernel, else the torch reference's,
+    else None. `op` as a name (str): during the transition of callers to the `Op` constants only."""
+    name = op if isinstance(op, str) else op.name
+    for key in ((backend, name, qtype), (backend, name, AnyQType)):
+        kernel = _KERNELS.get(key)
+        if kernel is not None and kernel.available():
+            return key[0], kernel  # type: ignore[return-value]  # registered under this op
+    for key in ((REFERENCE_BACKEND, name, qtype), (REFERENCE_BACKEND, name, AnyQType)):
         if key in _KERNELS:
-            return REFERENCE_BACKEND, _KERNELS[key]
-    raise KeyError(f"no kernel for op {op!r} and type {qtype!r}")
+            return REFERENCE_BACKEND, _KERNELS[key]  # type: ignore[return-value]
+    return None
+
+
+def lookup(backend: str, op: Op[KernelType] | str, qtype: Any = AnyQType) -> tuple[str, KernelType]:
+    """As `find`, raising KeyError when neither the backend nor the reference has a kernel."""
+    found = find(backend, op, qtype)
+    if found is None:
+        name = op if isinstance(op, str) else op.name
+        raise KeyError(f"no kernel for op {name!r} and type {qtype!r} on backend {backend!r}")
+    return found

@@ -1,7 +1,7 @@
-"""Triton kernels for GPUs (CUDA and ROCm from one source), registered under backend "cuda".
+"""Triton kernels for GPUs (CUDA and ROCm from one source), for backend "cuda" (`catalog`).
 
-Importing this package never fails: without the `triton` package nothing is registered,
-`AVAILABLE` is False, and the registry falls back to the torch reference.
+Importing this package never fails: without the `triton` package `AVAILABLE` is False and the
+registry falls back to the torch reference.
 """
 
 from __future__ import annotations
@@ -12,5 +12,3 @@ except ImportError:
     AVAILABLE = False
 else:
     AVAILABLE = True
-    # importing registers "attention_decode", "linear", "rms_norm", "rope", "gated_act"
-    from gufo.kernels.triton import attention, elementwise, gemv  # noqa: F401

@@ -23,11 +23,12 @@ import triton
 import triton.language as tl
 
 from gufo.kernels.attention import decode_span
+from gufo.kernels.contracts import ATTENTION_DECODE, AttentionDecodeKernel
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, row_outputs
-from gufo.kernels.registry import register
-from gufo.kernels.triton import dependent_launch
-from gufo.kernels.triton.dependent_launch import wait_for_inputs
-from gufo.kernels.triton.gemv_int8 import _store_int8_row
+from gufo.kernels.registry import Registration
+from gufo.kernels.triton.checks import check_device, check_dims, check_dtype, check_size
+from gufo.kernels.triton.dependent_launch import DependentLaunch, LaunchedKernel, wait_for_inputs
+from gufo.kernels.triton.jit_helpers import store_int8_row
 
 ELEMENTS_PER_STEP = 8192  # GROUP x BLOCK_T x head_dim products per loop step, elementwise (register budget)
 DOT_ELEMENTS = 4096  # BLOCK_T x head_dim per loop step with tl.dot (NVIDIA)
@@ -160,7 +161,7 @@ def attention_decode_combine(
         out += tl.sum(weight[:, None] * acc, axis=0)
     out = out / tl.sum(sums, axis=0)
     if INT8:
-        _store_int8_row(out, token, head * DV + column, H * DV, xq_ptr, xd_ptr, xs_ptr, COLUMNS)
+        store_int8_row(out, token, head * DV + column, H * DV, xq_ptr, xd_ptr, xs_ptr, COLUMNS)
     else:
         tl.store(out_ptr + (token * H + head) * DV + dv, out, mask=dv < DV)
 
@@ -171,13 +172,30 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def use_dot() -> bool:
-    """tl.dot for the two products on NVIDIA, where Triton pipelines the loads that feed it (the
-    elementwise form read a 4096-entry cache at under 0.6 TB/s on the H200); AMD keeps the elementwise
-    form."""
+    """tl.dot for the two products on NVIDIA, where Triton pipelines the loads that feed it
+    (docs/decisions.md, "tl.dot in decode attention"); AMD keeps the elementwise form."""
     return torch.version.hip is None
 
 
 DOT_MAX_WIDTH = 128  # wider heads (gemma3's 256) spilled on the tl.dot path for sm_90, even on 8 warps
+
+
+def _check_decode_operands(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, index: torch.Tensor
+) -> None:
+    """The shapes, dtypes and devices `TritonAttentionDecode.apply` takes; raises naming a mismatch."""
+    for what, tensor in (("q", q), ("keys", keys), ("values", values)):
+        check_dims(what, tensor, 3)
+        check_device(what, tensor, q.device)
+    check_device("index", index, q.device)
+    check_dtype("q", q, (torch.float32, torch.float16, torch.bfloat16))
+    check_dtype("index", index, (torch.int64,))
+    check_size("index entries (one per token)", index.numel(), q.shape[0])
+    check_size("values' KV heads", values.shape[0], keys.shape[0])
+    check_size("values' cache entries", values.shape[1], keys.shape[1])
+    check_size("keys' head width", keys.shape[2], q.shape[2])
+    if q.shape[1] % keys.shape[0]:
+        raise ValueError(f"{q.shape[1]} query heads do not share {keys.shape[0]} KV heads evenly")
 
 
 def decode_launch(
@@ -195,16 +213,15 @@ def decode_launch(
     return group, group, max(8, min(64, ELEMENTS_PER_STEP // (group * width))), splits
 
 
-@register("cuda", "attention_decode")
-class TritonAttentionDecode:
+class TritonAttentionDecode(LaunchedKernel, AttentionDecodeKernel):
     name = "triton-attention-decode"
     # the kernels read and split the entries up to each token's position on the device, whatever span
     # they are given, so eager steps and drafted tokens verified together give the graph's numbers
     span = staticmethod(decode_span)
     tokens_at_once = True  # one launch takes several tokens, each at its own position
 
-    @staticmethod
     def apply(
+        self,
         q: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
@@ -219,6 +236,7 @@ class TritonAttentionDecode:
         (`int8`: float32 rows as `Int8Rows`).
         `programs`: how many programs to aim for per token (default PROGRAMS_PER_MULTIPROCESSOR per
         multiprocessor)."""
+        _check_decode_operands(q, keys, values, index)
         n_tokens, n_heads, key_dim = q.shape
         n_kv = keys.shape[0]
         value_dim = values.shape[-1]
@@ -230,7 +248,7 @@ class TritonAttentionDecode:
         maxima = torch.empty(n_tokens, n_kv, splits, group, dtype=torch.float32, device=q.device)
         sums = torch.empty_like(maxima)
         q = q.contiguous()
-        launch = dependent_launch.launch_options(q.device)
+        launch = self.launch.options(q.device)
         attention_decode_split[(n_kv, splits, n_tokens)](
             q, keys, values, index, acc, maxima, sums,
             keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
@@ -242,7 +260,7 @@ class TritonAttentionDecode:
         if int8 and value_dim % ACT_BLOCK:  # each combine program quantizes whole blocks of one head
             raise ValueError(f"int8 rows need a head width that is a multiple of {ACT_BLOCK}")
         out, pointers = row_outputs(n_tokens, n_heads * value_dim, q.device, int8)
-        # no fused multiply-adds: the quantizing variant must round as the plain one (_store_int8_blocks)
+        # no fused multiply-adds: the quantizing variant must round as the plain one (store_int8_blocks)
         held = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
         columns = min(COMBINE_COLUMNS, block_dv)
         attention_decode_combine[(n_heads, n_tokens, triton.cdiv(value_dim, columns))](
@@ -254,34 +272,5 @@ class TritonAttentionDecode:
         return out if int8 else out.to(q.dtype)
 
 
-# (query heads, KV heads, head dim, sliding window) of real models: Qwen3-0.6B and 8B, gemma3-270m (global and
-# sliding-window layers), SmolLM2-135M; cache lengths of a short and a long context; the programs an
-# H200 asks for (PROGRAMS_PER_MULTIPROCESSOR x 132 multiprocessors).
-REFERENCE_GEOMETRIES = (
-    (16, 8, 128, None),
-    (32, 8, 128, None),  # Qwen3-8B, the benchmark model
-    (4, 1, 256, None),
-    (4, 1, 256, 512),
-    (9, 3, 64, None),
-)
-REFERENCE_SPANS = (512, 8192)
-REFERENCE_PROGRAMS = PROGRAMS_PER_MULTIPROCESSOR * 132
-
-
-def launch_examples():
-    """For `gufo kernels own` (gufo.kernels.triton.offline, which intercepts the launches): the GPU
-    engine's decode attention on the reference geometries, as meta tensors (float32 queries, the GPU
-    KV cache's dtype; on NVIDIA also quantizing for the int8 output projection). Yields the label of
-    the launches that follow."""
-    from gufo.kernels.backends import cache_dtype  # imported late: backends imports the kernels
-
-    dtype = cache_dtype("cuda")
-    yield f"{str(dtype).removeprefix('torch.')}_cache"
-    for n_heads, n_kv, dim, window in REFERENCE_GEOMETRIES:
-        for span in REFERENCE_SPANS:
-            q = torch.empty(1, n_heads, dim, device="meta")
-            cache = torch.empty(n_kv, span, dim, dtype=dtype, device="meta")
-            index = torch.empty(1, dtype=torch.int64, device="meta")
-            for int8 in (False, True) if torch.version.hip is None else (False,):
-                args = (q, cache, cache, index, dim**-0.5, window, int8)
-                TritonAttentionDecode.apply(*args, REFERENCE_PROGRAMS)
+def registrations(launch: DependentLaunch) -> tuple[Registration, ...]:
+    return (Registration("cuda", ATTENTION_DECODE, TritonAttentionDecode(launch)),)

@@ -2,26 +2,27 @@
 
 A decode step is a chain of a few hundred small kernels, each of which waits in the stream for the one
 before it to finish, then pays its own launch and ramp-up. Launched with the programmatic-serialization
-attribute (`launch_options`), a kernel's programs may become resident while the kernel before it still
-runs: each starts with `wait_for_inputs`, which blocks (`griddepcontrol.wait`) until the previous kernel
-has completed and its writes are visible, and only then lets the next kernel launch early in turn.
+attribute (`DependentLaunch.options`), a kernel's programs may become resident while the kernel before
+it still runs: each starts with `wait_for_inputs`, which blocks (`griddepcontrol.wait`) until the
+previous kernel has completed and its writes are visible, and only then lets the next kernel launch
+early in turn.
 Nothing a kernel reads from the chain is read before its wait, so results are bit for bit those of
-plain launches (`gufo kernels own` checks the order in the compiled code). Letting the next kernel
-launch before waiting overlapped more and measured slower (docs/BENCHMARKS.md).
+plain launches (`gufo kernels own` checks the order in the compiled code). The wait comes before
+the early launch: docs/decisions.md, "dependent launch waits first".
 
 The products of small weight matrices also ask L2 for their weight rows before they wait
-(`prefetch_rows`): weights depend on no earlier kernel. That paid on Qwen3-1.7B's matrices and cost on
-8B's, all of 9 MB or more (docs/BENCHMARKS.md), hence `PREFETCH_MAX_BYTES`.
+(`prefetch_rows`): weights depend on no earlier kernel (docs/decisions.md, "weight prefetch only for
+small matrices", hence `PREFETCH_MAX_BYTES`).
 
 On other devices (AMD, older NVIDIA, the Triton interpreter) the PDL and PREFETCH constexprs are False
-and both compile to nothing. GUFO_DEPENDENT_LAUNCH=0 in the environment turns dependent launches off
-(plain stream order, e.g. to compare profiles).
+and both compile to nothing. `DependentLaunch(enabled=False)` (KernelOptions.dependent_launch) turns
+dependent launches off (plain stream order, e.g. to compare profiles).
 """
 
 from __future__ import annotations
 
 import functools
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -40,7 +41,6 @@ except ImportError:  # a Triton built without its CUDA backend (ROCm-only): PDL 
         pass
 
 
-ENABLED = os.environ.get("GUFO_DEPENDENT_LAUNCH", "1") != "0"
 PREFETCH_MAX_BYTES = 8 << 20  # weight matrices up to this size prefetch their rows before waiting
 
 
@@ -60,16 +60,28 @@ def supported(device: torch.device) -> bool:
     )
 
 
-def launch_options(device: torch.device) -> dict[str, bool]:
-    """Keyword arguments for launching a kernel that starts with `wait_for_inputs(PDL)` on `device`."""
-    if ENABLED and supported(device):
-        return {"PDL": True, "launch_pdl": True}
-    return {"PDL": False}
+@dataclass(frozen=True)
+class DependentLaunch:
+    """The launch policy of the kernels: whether they launch dependently where the device supports it."""
+
+    enabled: bool
+
+    def options(self, device: torch.device) -> dict[str, bool]:
+        """Keyword arguments for launching a kernel that starts with `wait_for_inputs(PDL)` on `device`."""
+        if self.enabled and supported(device):
+            return {"PDL": True, "launch_pdl": True}
+        return {"PDL": False}
+
+    def prefetches(self, device: torch.device, weight_bytes: int) -> bool:
+        """Whether a product of a weight matrix of `weight_bytes` on `device` prefetches its rows."""
+        return self.enabled and supported(device) and weight_bytes <= PREFETCH_MAX_BYTES
 
 
-def prefetches(device: torch.device, weight_bytes: int) -> bool:
-    """Whether a product of a weight matrix of `weight_bytes` on `device` prefetches its rows."""
-    return ENABLED and supported(device) and weight_bytes <= PREFETCH_MAX_BYTES
+class LaunchedKernel:
+    """A registered Triton kernel: it launches under the policy it is built with."""
+
+    def __init__(self, launch: DependentLaunch) -> None:
+        self.launch = launch
 
 
 @triton.jit

@@ -17,11 +17,25 @@ import torch
 import triton
 import triton.language as tl
 
-from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, row_outputs
-from gufo.kernels.registry import register
-from gufo.kernels.triton import dependent_launch
-from gufo.kernels.triton.dependent_launch import wait_for_inputs
-from gufo.kernels.triton.gemv_int8 import _store_int8_row
+from gufo.kernels.contracts import (
+    ADD_RMS_NORM,
+    ATTENTION_HEADS,
+    GATED_ACT,
+    RMS_NORM,
+    RMS_NORM_ROPE,
+    ROPE,
+    AddRmsNormKernel,
+    AttentionHeadsKernel,
+    GatedActKernel,
+    RmsNormKernel,
+    RmsNormRopeKernel,
+    RopeKernel,
+)
+from gufo.kernels.int8_rows import Int8Rows, row_outputs
+from gufo.kernels.registry import Registration
+from gufo.kernels.triton.checks import check_device, check_size
+from gufo.kernels.triton.dependent_launch import DependentLaunch, LaunchedKernel, wait_for_inputs
+from gufo.kernels.triton.jit_helpers import store_int8_row
 
 NUM_WARPS = 4
 ACTIVATION_BLOCK = 1024  # elements per program of the gated activation
@@ -41,7 +55,7 @@ def _store_row(
     """Store y ([BLOCK] float32: columns first.. of a row of F, `first` a multiple of BLOCK) as float32
     into out [rows, F], or with INT8 as `Int8Rows` (F a multiple of 32)."""
     if INT8:
-        _store_int8_row(y, row, first, F, xq_ptr, xd_ptr, xs_ptr, BLOCK)
+        store_int8_row(y, row, first, F, xq_ptr, xd_ptr, xs_ptr, BLOCK)
     else:
         j = first + tl.arange(0, BLOCK)
         tl.store(out_ptr + row * F + j, y, mask=j < F)
@@ -203,25 +217,40 @@ def gated_act_rows(
     _store_row(act * u, row, tl.program_id(1) * BLOCK, F, out_ptr, xq_ptr, xd_ptr, xs_ptr, INT8, BLOCK)
 
 
+def _check_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """x [T, heads, D] and its rotary tables [T, rotated dims] as the per-head kernels take them."""
+    if x.dim() != 3:
+        raise ValueError(f"x: [tokens, heads, head_dim] expected, got shape {tuple(x.shape)}")
+    for what, table in (("cos", cos), ("sin", sin)):
+        check_device(what, table, x.device)
+        check_size(f"{what} table rows (one per token)", table.shape[0], x.shape[0])
+        if table.shape[-1] > x.shape[-1]:
+            raise ValueError(f"{what} table: {table.shape[-1]} rotated dims for heads {x.shape[-1]} wide")
+
+
+def _check_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
+    check_device("norm weight", weight, x.device)
+    check_size("norm weight width", weight.numel(), x.shape[-1])
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x as [rows, last dim] with unit stride along the last dim (a view when possible)."""
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-# Row kernels that may quantize compile without fused multiply-adds (_store_int8_blocks): the plain and
+# Row kernels that may quantize compile without fused multiply-adds (store_int8_blocks): the plain and
 # the quantizing variant then round alike, and both alike the separate quantizer.
 EXACT = {"enable_fp_fusion": False}
 
 
-@register("cuda", "rms_norm")
-class TritonRmsNorm:
+class TritonRmsNorm(LaunchedKernel, RmsNormKernel):
     name = "triton-rms-norm"
 
-    @staticmethod
     def apply(
-        x: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
     ) -> torch.Tensor | Int8Rows:
+        _check_weight(x, weight)
         x2 = _rows(x)
         out, pointers = row_outputs(*x2.shape, x.device, int8)
         if x2.shape[0]:
@@ -229,19 +258,21 @@ class TritonRmsNorm:
             rms_norm_rows[(x2.shape[0],)](
                 x2, weight, *pointers, k, x2.stride(0), eps,
                 INT8=int8, BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS, **EXACT,
-                **dependent_launch.launch_options(x.device),
+                **self.launch.options(x.device),
             )  # fmt: skip
         return out if int8 else out.reshape(x.shape)
 
 
-@register("cuda", "add_rms_norm")
-class TritonAddRmsNorm:
+class TritonAddRmsNorm(LaunchedKernel, AddRmsNormKernel):
     name = "triton-add-rms-norm"
 
-    @staticmethod
     def apply(
-        x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
+        self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]:
+        _check_weight(x, weight)
+        if h.shape != x.shape:
+            raise ValueError(f"residual add: h has shape {tuple(h.shape)}, x {tuple(x.shape)}")
+        check_device("h", h, x.device)
         x2, h2 = _rows(x), _rows(h)
         total = torch.empty(x2.shape, dtype=torch.float32, device=x.device)
         out, pointers = row_outputs(*x2.shape, x.device, int8)
@@ -250,16 +281,23 @@ class TritonAddRmsNorm:
             add_rms_norm_rows[(x2.shape[0],)](
                 x2, h2, weight, total, *pointers, k, x2.stride(0), h2.stride(0), eps,
                 INT8=int8, BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS, **EXACT,
-                **dependent_launch.launch_options(x.device),
+                **self.launch.options(x.device),
             )  # fmt: skip
         return total.reshape(x.shape), out if int8 else out.reshape(x.shape)
 
 
 def _per_head(
-    kernel: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool, *extra: Any
+    launch: DependentLaunch,
+    kernel: Any,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    neox: bool,
+    *extra: Any,
 ) -> torch.Tensor:
     """Launch a one-program-per-(token, head) rotary kernel on x [T, heads, D]; `extra` arguments
     follow the strides."""
+    _check_tables(x, cos, sin)
     tokens, heads, dim = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -269,39 +307,40 @@ def _per_head(
         kernel[(tokens, heads)](
             x, cos, sin, out, heads, dim, cos.shape[-1], x.stride(0), x.stride(1), cos.stride(0), *extra,
             NEOX=neox, BLOCK_D=triton.next_power_of_2(dim), num_warps=1,
-            **dependent_launch.launch_options(x.device),
+            **launch.options(x.device),
         )  # fmt: skip
     return out
 
 
-@register("cuda", "rms_norm_rope")
-class TritonRmsNormRope:
+class TritonRmsNormRope(LaunchedKernel, RmsNormRopeKernel):
     name = "triton-rms-norm-rope"
 
-    @staticmethod
     def apply(
-        x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, neox: bool
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        neox: bool,
     ) -> torch.Tensor:
         """x [T, heads, D] (float32); weight [D]; cos/sin [T, rotated dims] from `Rope.tables`."""
-        return _per_head(rms_norm_rope_rows, x, cos, sin, neox, weight, eps)
+        return _per_head(self.launch, rms_norm_rope_rows, x, cos, sin, neox, weight, eps)
 
 
-@register("cuda", "rope")
-class TritonRope:
+class TritonRope(LaunchedKernel, RopeKernel):
     name = "triton-rope"
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
         """x [T, heads, D] (float32); cos/sin [T, rotated dims] from `Rope.tables`."""
-        return _per_head(rope_rows, x, cos, sin, neox)
+        return _per_head(self.launch, rope_rows, x, cos, sin, neox)
 
 
-@register("cuda", "attention_heads")
-class TritonAttentionHeads:
+class TritonAttentionHeads(LaunchedKernel, AttentionHeadsKernel):
     name = "triton-attention-heads"
 
-    @staticmethod
     def apply(
+        self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
@@ -329,17 +368,20 @@ class TritonAttentionHeads:
                 v2.stride(0), cos.stride(0), keys.stride(0), keys.stride(1), values.stride(0),
                 values.stride(1), eps, NORM=norm, NEOX=neox, BLOCK_D=triton.next_power_of_2(dim),
                 BLOCK_DV=triton.next_power_of_2(value_dim), num_warps=1,
-                **dependent_launch.launch_options(q.device),
+                **self.launch.options(q.device),
             )  # fmt: skip
         return out
 
 
-@register("cuda", "gated_act")
-class TritonGatedAct:
+class TritonGatedAct(LaunchedKernel, GatedActKernel):
     name = "triton-gated-act"
 
-    @staticmethod
-    def apply(gate: torch.Tensor, up: torch.Tensor, act: str, int8: bool = False) -> torch.Tensor | Int8Rows:
+    def apply(
+        self, gate: torch.Tensor, up: torch.Tensor, act: str, int8: bool = False
+    ) -> torch.Tensor | Int8Rows:
+        if up.shape != gate.shape:
+            raise ValueError(f"gated activation: up has shape {tuple(up.shape)}, gate {tuple(gate.shape)}")
+        check_device("up", up, gate.device)
         g2, u2 = _rows(gate), _rows(up)
         rows, width = g2.shape
         out, pointers = row_outputs(rows, width, gate.device, int8)
@@ -347,44 +389,17 @@ class TritonGatedAct:
             gated_act_rows[(rows, triton.cdiv(width, ACTIVATION_BLOCK))](
                 g2, u2, *pointers, width, g2.stride(0), u2.stride(0),
                 GELU=act == "gelu_tanh", INT8=int8, BLOCK=ACTIVATION_BLOCK, num_warps=NUM_WARPS, **EXACT,
-                **dependent_launch.launch_options(gate.device),
+                **self.launch.options(gate.device),
             )  # fmt: skip
         return out if int8 else out.reshape(gate.shape)
 
 
-# Widths of real models: Qwen3-0.6B (hidden 1024, FFN 3072, heads 16 x 128 on 8 KV heads, NeoX RoPE),
-# SmolLM2-135M (hidden 576, heads 64 wide, adjacent-pair RoPE) and gemma3-270m (hidden 640, GeGLU).
-REFERENCE_NORM_WIDTHS = (1024, 576, 640, 128, 64, 256)
-REFERENCE_ROPE = ((16, 128, True), (9, 64, False), (4, 256, True))
-REFERENCE_FFN = ((3072, "silu"), (2048, "gelu_tanh"))
-
-
-def launch_examples():
-    """For `gufo kernels own` (gufo.kernels.triton.offline, which intercepts the launches): the norms,
-    rotary embeddings and gated activations of the reference models, as meta tensors; on NVIDIA also
-    the norms and activations that quantize for the int8 products (widths that are multiples of 32)."""
-    from gufo.kernels.backends import cache_dtype  # imported late: backends imports the kernels
-
-    yield "float32"
-    quantizing = (False, True) if torch.version.hip is None else (False,)
-    for width in REFERENCE_NORM_WIDTHS:
-        row, weight = torch.empty(1, width, device="meta"), torch.empty(width, device="meta")
-        for int8 in quantizing if width % ACT_BLOCK == 0 else (False,):
-            TritonRmsNorm.apply(row, weight, 1e-6, int8)
-            TritonAddRmsNorm.apply(row, row, weight, 1e-6, int8)
-    for heads, dim, neox in REFERENCE_ROPE:
-        tables = torch.empty(1, dim, device="meta")
-        TritonRope.apply(torch.empty(1, heads, dim, device="meta"), tables, tables, neox)
-        heads_in = torch.empty(1, heads, dim, device="meta")
-        TritonRmsNormRope.apply(heads_in, torch.empty(dim, device="meta"), 1e-6, tables, tables, neox)
-        kv_in = torch.empty(1, max(1, heads // 2), dim, device="meta")
-        cache = torch.empty(kv_in.shape[1], 64, dim, dtype=cache_dtype("cuda"), device="meta")
-        index = torch.empty(1, dtype=torch.int64, device="meta")
-        for norm in (torch.empty(dim, device="meta"), None):
-            TritonAttentionHeads.apply(
-                heads_in, kv_in, kv_in, norm, norm, 1e-6, tables, tables, neox, cache, cache, index
-            )
-    for width, act in REFERENCE_FFN:
-        for int8 in quantizing:
-            gate, up = torch.empty(1, width, device="meta"), torch.empty(1, width, device="meta")
-            TritonGatedAct.apply(gate, up, act, int8)
+def registrations(launch: DependentLaunch) -> tuple[Registration, ...]:
+    return (
+        Registration("cuda", RMS_NORM, TritonRmsNorm(launch)),
+        Registration("cuda", ADD_RMS_NORM, TritonAddRmsNorm(launch)),
+        Registration("cuda", RMS_NORM_ROPE, TritonRmsNormRope(launch)),
+        Registration("cuda", ROPE, TritonRope(launch)),
+        Registration("cuda", ATTENTION_HEADS, TritonAttentionHeads(launch)),
+        Registration("cuda", GATED_ACT, TritonGatedAct(launch)),
+    )

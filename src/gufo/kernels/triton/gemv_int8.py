@@ -1,19 +1,19 @@
 """Skinny products on int8 activations: 4-way integer dot products instead of per-weight float math.
 
-The vector kernels of gemv.py turn every weight into a float and multiply it, about 11 instructions per
-4-bit weight (Nsight Compute on the H200, docs/BENCHMARKS.md): decode was bound by issuing them, at a
-fifth of the memory bandwidth. Here, as in llama.cpp's CUDA kernels and gufo's CPU backend
+The vector kernels of gemv_kernels.py turn every weight into a float and multiply it, several
+instructions per weight (docs/decisions.md, "int8 dot products at decode"). Here, as in llama.cpp's
+CUDA kernels and gufo's CPU backend
 (csrc/qgemm_cpu.c), the activations are first quantized per 32 columns to int8 (`quantize_rows_q8`, or
 the fused row kernel that produced them: `gufo.kernels.int8_rows`), and a 32-bit
 word of weights meets a word of activations in one 4-way integer dot product (`_dot4`). Per 32-column
 block (16 for Q6_K's scales) the exact integer sum is scaled once by the weight's and the activations'
 scales; offsets (Q4_K's minimums, Q6_K's -32) go through the activation sums.
 
-Formats: Q8_0, Q4_K, Q6_K (what llama-quantize's Q8_0 and Q4_K_M mixes hold), with gemv.py's weight
-planes read as int32 words, its launch shapes, split-K and batch invariance (each activation row's
-arithmetic is the same for any number of rows). `_dot4` is PTX dp4a when compiled for NVIDIA; the
-Triton interpreter (CI) runs the same integer arithmetic with shifts and multiplies. AMD keeps the
-vector kernels until its dot4 instruction is wired (gemv.py chooses).
+Formats: Q8_0, Q4_K, Q6_K (what llama-quantize's Q8_0 and Q4_K_M mixes hold), with the weight planes
+(planes.py) read as int32 words, launch.py's shapes, split-K and batch invariance (each activation
+row's arithmetic is the same for any number of rows). `_dot4` is PTX dp4a when compiled for NVIDIA;
+the Triton interpreter (CI) runs the same integer arithmetic with shifts and multiplies. AMD keeps the
+vector kernels until its dot4 instruction is wired (launch.py chooses).
 """
 
 from __future__ import annotations
@@ -24,57 +24,23 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
-from gufo.kernels.triton import dependent_launch
-from gufo.kernels.triton.dependent_launch import prefetch_rows, wait_for_inputs
-from gufo.kernels.triton.gemv import _add_row, _store, _vector_program
+from gufo.kernels.triton.dependent_launch import DependentLaunch, prefetch_rows, wait_for_inputs
+from gufo.kernels.triton.jit_helpers import (
+    add_row,
+    int8_blocks,
+    store_int8_blocks,
+    store_partials,
+    vector_program,
+)
 
 Q = GGMLQuantizationType
 
 QUANT_BLOCKS = 32  # activation blocks per program of the quantizer
 # Register cap of the one-row int8 products on 8-row x 2048-column tiles (Q4_K, Q6_K; NVIDIA only, like
-# them): they compiled to 77-80 registers, 6 blocks of 4 warps per multiprocessor; capped at 72 they still
-# keep every value in registers (`gufo kernels own --target sm_90`: no stack frame; at 64 they spilled)
-# and 7 blocks fit. 8B Q4_K_M tg128 on the H200: +3.7% at depth 0, +4.7% at depth 4096
-# (docs/BENCHMARKS.md). Several-row tiles spilled under the cap, and the other shapes need fewer.
+# them): one more block per multiprocessor without a spill (`gufo kernels own --target sm_90` checks);
+# docs/decisions.md, "register cap of the one-row int8 tiles"
 MAX_REGISTERS = 72
 CAPPED_TILE = (1, 8, 2048)  # (BLOCK_M, BLOCK_N, STEP) the cap applies to
-
-
-@triton.jit
-def _int8_blocks(x):
-    """x [BLOCKS, 32] (float32) quantized per block as the oracle does: (q int32 [BLOCKS, 32] in
-    -127..127, d [BLOCKS]). The caller compiles without fused multiply-adds: x * (1 / d) must round
-    before the rounding to an integer, as in the oracle."""
-    # correctly rounded divisions (Triton's `/` on float32 may be approximate), as the oracle divides
-    d = tl.math.div_rn(tl.max(tl.abs(x), axis=1), 127.0)
-    inverse = tl.where(d != 0.0, tl.math.div_rn(1.0, tl.where(d != 0.0, d, 1.0)), 0.0)
-    # |x / d| <= 127: adding and subtracting 1.5 * 2^23 rounds to the nearest integer, ties to even
-    q = ((x * inverse[:, None] + 12582912.0) - 12582912.0).to(tl.int32)
-    return q, d
-
-
-@triton.jit
-def _store_int8_blocks(x, b, ok, xq_row, xd_row, xs_row, BLOCKS: tl.constexpr):
-    """Quantize x [BLOCKS, 32] (float32, the row's blocks b [BLOCKS], valid where ok; `_int8_blocks`)
-    and store them as `Int8Rows` (gufo.kernels.int8_rows): int8 values at xq_row, scales at xd_row,
-    sums at xs_row."""
-    i = tl.arange(0, 32)[None, :]
-    q, d = _int8_blocks(x)
-    tl.store(xq_row + b[:, None] * 32 + i, q.to(tl.int8), mask=ok[:, None])
-    tl.store(xd_row + b, d, mask=ok)
-    sums = tl.sum(tl.reshape(q, (BLOCKS, 2, 16)), axis=2).to(tl.float32)
-    half = tl.arange(0, 2)[None, :]
-    tl.store(xs_row + b[:, None] * 2 + half, d[:, None] * sums, mask=ok[:, None])
-
-
-@triton.jit
-def _store_int8_row(y, row, first, F, xq_ptr, xd_ptr, xs_ptr, BLOCK: tl.constexpr):
-    """`_store_int8_blocks` of y ([BLOCK] float32: columns first.. of row `row` of F columns; `first`
-    and F multiples of 32) into `Int8Rows` at xq_ptr, xd_ptr, xs_ptr."""
-    b = first // 32 + tl.arange(0, BLOCK // 32)
-    per_row = F // 32
-    rows = (xq_ptr + row * F, xd_ptr + row * per_row, xs_ptr + row * (2 * per_row))
-    _store_int8_blocks(tl.reshape(y, (BLOCK // 32, 32)), b, b < per_row, *rows, BLOCK // 32)
 
 
 @triton.jit
@@ -95,16 +61,16 @@ def quantize_rows_q8(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, BLOCKS: tl.con
     m = tl.program_id(0)
     n_blocks = K // 32
     x, b, ok = _row_blocks(x_ptr, stride_xm, K, BLOCKS)
-    _store_int8_blocks(x, b, ok, xq_ptr + m * K, xd_ptr + m * n_blocks, xs_ptr + m * (2 * n_blocks), BLOCKS)
+    store_int8_blocks(x, b, ok, xq_ptr + m * K, xd_ptr + m * n_blocks, xs_ptr + m * (2 * n_blocks), BLOCKS)
 
 
 @triton.jit
 def round_rows_q8(x_ptr, out_ptr, K, stride_xm, BLOCKS: tl.constexpr):
     """x [M, K] -> out [M, K] in out's dtype: every value as the int8 products multiply it, q * d of
-    its 32-column block (`_int8_blocks`), so that prefill's tensor-core products see the activations
+    its 32-column block (`int8_blocks`), so that prefill's tensor-core products see the activations
     that decode's int8 products see."""
     x, b, ok = _row_blocks(x_ptr, stride_xm, K, BLOCKS)
-    q, d = _int8_blocks(x)
+    q, d = int8_blocks(x)
     rounded = (q.to(tl.float32) * d[:, None]).to(out_ptr.dtype.element_ty)
     i = tl.arange(0, 32)[None, :]
     tl.store(out_ptr + tl.program_id(0) * K + b[:, None] * 32 + i, rounded, mask=ok[:, None])
@@ -135,7 +101,7 @@ def gemv_q8_0_int8(
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 32, BLOCK_N)
-    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_blocks = K // 32
     j = tl.arange(0, 8)[None, :]
@@ -151,8 +117,8 @@ def gemv_q8_0_int8(
             x = tl.load(xq_ptr + mr * (K // 4) + blk[:, None] * 8 + j, mask=ok[:, None], other=0)
             xd = tl.load(xd_ptr + mr * n_blocks + blk, mask=ok, other=0.0)
             dots = tl.sum(_dot4(w, x[None], NATIVE), axis=2).to(tl.float32)
-            acc = _add_row(acc, r, d * xd[None, :] * dots)
-    _store(out_ptr, acc, m, n, M, N, split)
+            acc = add_row(acc, r, d * xd[None, :] * dots)
+    store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
@@ -167,9 +133,9 @@ def _q4_k_sub_block_scale(w0, w1, w2, shift, high_half):
 @triton.jit
 def _q4_k_chunk_scales(words, c):
     """Q4_K 6-bit (scale, min) of the sub-blocks 2c and 2c + 1 of chunks c (0..3) from a super-block's
-    12 scale bytes read as 3 int32 words at `words`: the packing `gemv._kquant_scale_min` reads byte by
-    byte (bytes 0-3 low scales, 4-7 low mins, 8-11 the high sub-blocks' low 4 bits; sub-blocks 4..7 take
-    their top 2 bits from bytes 0-7), in 3 loads instead of 6."""
+    12 scale bytes read as 3 int32 words at `words`: the packing `gemv_kernels._kquant_scale_min` reads
+    byte by byte (bytes 0-3 low scales, 4-7 low mins, 8-11 the high sub-blocks' low 4 bits; sub-blocks
+    4..7 take their top 2 bits from bytes 0-7), in 3 loads instead of 6."""
     w0, w1, w2 = tl.load(words), tl.load(words + 1), tl.load(words + 2)
     shift = 16 * (c % 2)  # sub-block 2c sits in byte 2 (c % 2) of its words, 2c + 1 in the next
     sc_low, min_low = _q4_k_sub_block_scale(w0, w1, w2, shift, c >= 2)
@@ -191,7 +157,7 @@ def gemv_q4_k_int8(
         prefetch_rows(scales_ptr, N, K // 256 * 3, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
         prefetch_rows(dmin_ptr, N, K // 256, BLOCK_N)
-    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     j = tl.arange(0, 8)[None, :]
@@ -222,8 +188,8 @@ def gemv_q4_k_int8(
             dot_high = tl.sum(_dot4(high, x_high[None], NATIVE), axis=2).to(tl.float32)
             scaled = sc_low * xd_low * dot_low + sc_high * xd_high * dot_high
             part = d * scaled - dmin * (min_low * xs_low + min_high * xs_high)
-            acc = _add_row(acc, r, part)
-    _store(out_ptr, acc, m, n, M, N, split)
+            acc = add_row(acc, r, part)
+    store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
@@ -242,7 +208,7 @@ def gemv_q6_k_int8(
         prefetch_rows(qh_ptr, N, K // 16, BLOCK_N)
         prefetch_rows(scales_ptr, N, K // 16, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
-    n, row, split, first, last = _vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     pair = tl.arange(0, 2)[None, :]  # p
@@ -279,16 +245,16 @@ def gemv_q6_k_int8(
                 xs = tl.load(xs_at, mask=ok[:, None], other=0.0)[None]  # [1, halves, 2]
                 dots = tl.sum(_dot4(q, x[None], NATIVE), axis=3).to(tl.float32)  # [BLOCK_N, halves, 2]
                 part = sc * (xd * dots - 32.0 * xs)
-                acc = _add_row(acc, r, d * tl.sum(part, axis=2))
-    _store(out_ptr, acc, m, n, M, N, split)
+                acc = add_row(acc, r, d * tl.sum(part, axis=2))
+    store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 KERNELS = {Q.Q8_0: gemv_q8_0_int8, Q.Q4_K: gemv_q4_k_int8, Q.Q6_K: gemv_q6_k_int8}
-WORD_PLANES = {Q.Q8_0: (0,), Q.Q4_K: (2, 3), Q.Q6_K: (0, 1)}  # gemv.py planes of bytes, read as int32
+WORD_PLANES = {Q.Q8_0: (0,), Q.Q4_K: (2, 3), Q.Q6_K: (0, 1)}  # planes.py planes of bytes, read as int32
 
 
 def native() -> bool:
-    """Whether `_dot4` compiles to dp4a: compiled kernels (gemv.py sends only NVIDIA here), not the
+    """Whether `_dot4` compiles to dp4a: compiled kernels (launch.py sends only NVIDIA here), not the
     Triton interpreter, which runs the shift-and-multiply form."""
     return not triton.knobs.runtime.interpret
 
@@ -299,14 +265,14 @@ def _row_blocks_grid(x: torch.Tensor) -> tuple[int, int]:
     return m, triton.cdiv(k // ACT_BLOCK, QUANT_BLOCKS)
 
 
-def quantize_rows(x: torch.Tensor) -> Int8Rows:
+def quantize_rows(x: torch.Tensor, launch: DependentLaunch) -> Int8Rows:
     """`quantize_rows_q8` on x [M, K] (K a multiple of 32, unit column stride)."""
     m, k = x.shape
     rows = empty_int8_rows(m, k, x.device)
-    # no fused multiply-add: see _int8_blocks
+    # no fused multiply-add: see int8_blocks
     quantize_rows_q8[_row_blocks_grid(x)](
         x, *rows, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False,
-        **dependent_launch.launch_options(x.device),
+        **launch.options(x.device),
     )  # fmt: skip
     return rows
 
@@ -315,7 +281,7 @@ def round_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`round_rows_q8` on x [M, K] (K a multiple of 32, unit column stride): [M, K] in dtype."""
     m, k = x.shape
     out = torch.empty(m, k, dtype=dtype, device=x.device)
-    # no fused multiply-add: see _int8_blocks
+    # no fused multiply-add: see int8_blocks
     round_rows_q8[_row_blocks_grid(x)](
         x, out, k, x.stride(0), BLOCKS=QUANT_BLOCKS, num_warps=4, enable_fp_fusion=False
     )
@@ -334,19 +300,20 @@ def launch(
     block_n: int,
     step: int,
     warps: int,
+    launch: DependentLaunch,
 ) -> None:
     """out[split, m, n] of x [M, K] (float32 rows, or rows a fused kernel quantized already) and a
-    gemv.py weight's planes, on int8 activations (see gemv.gemv)."""
+    weight's planes (planes.py), on int8 activations (see launch.gemv)."""
     m, k = x.shape
-    xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_rows(x)
+    xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_rows(x, launch)
     words = tuple(p.view(torch.int32) if i in WORD_PLANES[qtype] else p for i, p in enumerate(planes))
     weight_bytes = sum(p.numel() * p.element_size() for p in planes)
     KERNELS[qtype][grid](
         xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, NATIVE=native(), num_warps=warps,
-        enable_fp_fusion=False, PREFETCH=dependent_launch.prefetches(out.device, weight_bytes),
+        enable_fp_fusion=False, PREFETCH=launch.prefetches(out.device, weight_bytes),
         maxnreg=MAX_REGISTERS if (block_m, block_n, step) == CAPPED_TILE else None,
-        **dependent_launch.launch_options(out.device),
+        **launch.options(out.device),
     )  # fmt: skip
     # Without fused multiply-adds every row rounds the same way in any row tile: with them, some Q4_K
     # rows of a 10-row product differed from the same rows alone on the H200 (batch invariance lost).

@@ -1,6 +1,6 @@
 """Compile gufo's Triton kernels for a GPU target on the CPU, in the configurations the engine launches.
 
-Each kernel module has `launch_examples()`: it runs its real launch code on meta tensors (no memory, no
+`own_fixtures.LAUNCH_EXAMPLES` run the kernel modules' real launch code on meta tensors (no memory, no
 GPU) for reference model shapes. `variants` intercepts those launches (JITFunction.run) instead of
 running them, so the list of configurations is whatever the launch code picks, never a copy of it; on
 AMD targets `torch.version.hip` is set while it runs, so ROCm-only decisions are taken too.
@@ -26,9 +26,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from gufo.kernels.triton import attention, dependent_launch, elementwise, gemv
+from gufo.kernels.catalog import DEFAULT_OPTIONS
+from gufo.kernels.triton import dependent_launch
+from gufo.kernels.triton.own_fixtures import LAUNCH_EXAMPLES
+from gufo.options import KernelOptions
 
-KERNEL_MODULES = (gemv, attention, elementwise)  # each has launch_examples()
 TARGETS = {
     "gfx1151": GPUTarget("hip", "gfx1151", 32),
     "gfx1100": GPUTarget("hip", "gfx1100", 32),
@@ -49,8 +51,9 @@ class Variant:
     kwargs: dict[str, Any]  # constexprs and launch options
 
 
-def variants(target: str) -> list[Variant]:
-    """The distinct configurations the launch code uses on `target` (first shape wins for each name)."""
+def variants(target: str, options: KernelOptions = DEFAULT_OPTIONS) -> list[Variant]:
+    """The distinct configurations the launch code uses on `target` with the kernels built with
+    `options` (first shape wins for each name)."""
     recorder = _Recorder()
     gpu = TARGETS[target]
     with (
@@ -58,8 +61,8 @@ def variants(target: str) -> list[Variant]:
         mock.patch.object(torch.version, "hip", "offline" if gpu.backend == "hip" else None),
         mock.patch.object(dependent_launch, "supported", lambda _: gpu.backend == "cuda" and gpu.arch >= 90),
     ):
-        for module in KERNEL_MODULES:
-            for label in module.launch_examples():
+        for examples in LAUNCH_EXAMPLES:
+            for label in examples(options):
                 recorder.label = label  # the launches made until the next label
     return list(recorder.found.values())
 
@@ -105,11 +108,15 @@ Progress = Callable[[int, int, str, str], None]  # done, total, target, variant 
 
 
 def compile_all(
-    targets: list[str], cache: Path, jobs: int = 1, progress: Progress | None = None
+    targets: list[str],
+    cache: Path,
+    jobs: int = 1,
+    progress: Progress | None = None,
+    options: KernelOptions = DEFAULT_OPTIONS,
 ) -> list[tuple[str, Variant, Path]]:
-    """(target, variant, folder) for every variant of every target; `jobs` > 1 compiles in worker
-    processes (forked, so they share the recorded launches)."""
-    work = [(t, v) for t in targets for v in variants(t)]
+    """(target, variant, folder) for every variant of every target, the kernels built with `options`;
+    `jobs` > 1 compiles in worker processes (forked, so they share the recorded launches)."""
+    work = [(t, v) for t in targets for v in variants(t, options)]
     results: list[tuple[str, Variant, Path]] = []
 
     def done(target: str, variant: Variant, folder: Path) -> None:

@@ -1,0 +1,258 @@
+"""What each registry op's kernels take, give and declare.
+
+One `Protocol` per op; its capabilities are declared fields with the defaults every kernel of the op
+inherits (kernels subclass the protocol), so callers read plain attributes instead of probing. An `Op`
+constant names an op and carries its kernel type: `registry.lookup(backend, LINEAR, qtype)` is a
+`LinearKernel`.
+
+The decode layer kernel reads a layer as data (`LayerSpec`), built by the model: kernels never see the
+model's classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import torch
+
+from gufo.gguf.model_file import TensorInfo
+from gufo.kernels.int8_rows import Int8Rows
+
+if TYPE_CHECKING:  # the kernel modules subclass these protocols
+    from gufo.kernels.attention import RowPositions, TokenPositions
+
+KernelType = TypeVar("KernelType", covariant=True)
+
+
+@dataclass(frozen=True)
+class Op(Generic[KernelType]):
+    """A registry op; its type parameter is the protocol its kernels follow."""
+
+    name: str
+
+
+class Kernel(Protocol):
+    name: str
+
+    def available(self) -> bool:
+        """Whether the kernel can run here (a library built, a compiler found); else the registry falls
+        back to the torch reference."""
+        return True
+
+
+class LinearKernel(Kernel, Protocol):
+    def prepare(self, info: TensorInfo) -> Any:
+        """The weight as the kernel reads it (made once, at load)."""
+        ...
+
+    def apply(self, x: torch.Tensor | Int8Rows, weight: Any) -> torch.Tensor:
+        """x @ W^T; `Int8Rows` only where `takes_int8(weight, rows)`."""
+        ...
+
+    def takes_int8(self, weight: Any, rows: int) -> bool:
+        """Whether a product of `rows` rows may be given them as `Int8Rows` (the kernel that makes them
+        then quantizes as it writes)."""
+        return False
+
+
+class RmsNormKernel(Kernel, Protocol):
+    def apply(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
+    ) -> torch.Tensor | Int8Rows: ...
+
+
+class AddRmsNormKernel(Kernel, Protocol):
+    def apply(
+        self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]: ...
+
+
+class RopeKernel(Kernel, Protocol):
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor: ...
+
+
+class RmsNormRopeKernel(Kernel, Protocol):
+    def apply(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        neox: bool,
+    ) -> torch.Tensor: ...
+
+
+class AttentionHeadsKernel(Kernel, Protocol):
+    def apply(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_weight: torch.Tensor | None,
+        k_weight: torch.Tensor | None,
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        neox: bool,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        index: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
+class GatedActKernel(Kernel, Protocol):
+    def apply(
+        self, gate: torch.Tensor, up: torch.Tensor, act: str, int8: bool = False
+    ) -> torch.Tensor | Int8Rows: ...
+
+
+class AttentionPrefillKernel(Kernel, Protocol):
+    def apply(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        first: int,
+        scale: float,
+        window: int | None,
+    ) -> torch.Tensor: ...
+
+
+class AttentionDecodeKernel(Kernel, Protocol):
+    # one call takes several tokens, each at its own position (else one call per token)
+    tokens_at_once: bool = False
+
+    def span(self, position: int, context: int) -> int:
+        """How many cache entries a step at `position` reads."""
+        ...
+
+    def apply(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        index: torch.Tensor,
+        scale: float,
+        window: int | None,
+        int8: bool = False,
+    ) -> torch.Tensor | Int8Rows: ...
+
+
+class CausalConvKernel(Kernel, Protocol):
+    def apply(self, x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor: ...
+
+
+class DeltaRuleKernel(Kernel, Protocol):
+    def apply(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        state: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class ProductSpec:
+    """One weight matrix's product as a layer kernel runs it."""
+
+    kernel: LinearKernel
+    route: str  # the backend the registry resolved the product to
+    weight: Any  # `kernel.prepare`'s result
+    out_features: int
+    in_features: int
+    split_sizes: tuple[int, ...]  # rows of each named matrix stacked in this one
+    has_bias: bool
+    has_collective: bool  # a tensor-parallel all-reduce follows the product
+
+
+@dataclass(frozen=True)
+class FusedProductSpec:
+    """Matrices reading one input, merged into `parts`: their outputs concatenated in part order hold
+    the named matrices in the order `order` undoes (named matrix i is concatenated piece order[i])."""
+
+    parts: tuple[ProductSpec, ...]
+    order: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """A pre-norm attention + gated FFN decoder layer, as data."""
+
+    n_embd: int
+    n_heads: int
+    n_kv_heads: int
+    key_dim: int
+    value_dim: int
+    eps: float
+    attn_norm: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    post_attn_norm: torch.Tensor | None
+    ffn_norm: torch.Tensor
+    post_ffn_norm: torch.Tensor | None
+    qkv: FusedProductSpec  # named matrices q, k, v
+    o: ProductSpec
+    gate_up: FusedProductSpec  # named matrices gate, up
+    down: ProductSpec
+    activation: str  # a name of `gufo.kernels.pointwise.ACTIVATIONS`
+    rope_dim: int
+    rope_neox: bool
+    window: int | None  # sliding-window length, None: global attention
+    attn_scale: float
+
+
+class KVCacheView(Protocol):
+    """What a decode layer kernel reads of a KV cache: per layer [slots, kv_heads, context, dim]."""
+
+    @property
+    def keys(self) -> Sequence[torch.Tensor]: ...
+
+    @property
+    def values(self) -> Sequence[torch.Tensor]: ...
+
+    @property
+    def context(self) -> int: ...
+
+
+class DecodeLayerKernel(Kernel, Protocol):
+    # a few consecutive tokens in one call get the numbers each would get alone (speculative
+    # verification reads the weights once for all drafts without changing greedy output)
+    batch_invariant: bool = False
+    multi_slot: bool = False  # takes `RowPositions`: several sequences' decode steps in one call
+    max_tokens: int | None = None  # tokens one batch-invariant call takes; None: any (it chunks)
+
+    def prepare(self, specs: list[LayerSpec]) -> Any | None:
+        """The plan of these layers, or None where the kernel cannot run one of them."""
+        ...
+
+    def apply(
+        self,
+        plan: Any,
+        index: int,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCacheView,
+        slot: int,
+        start_pos: int | RowPositions | TokenPositions,
+    ) -> torch.Tensor: ...
+
+
+LINEAR: Op[LinearKernel] = Op("linear")
+RMS_NORM: Op[RmsNormKernel] = Op("rms_norm")
+ADD_RMS_NORM: Op[AddRmsNormKernel] = Op("add_rms_norm")
+ROPE: Op[RopeKernel] = Op("rope")
+RMS_NORM_ROPE: Op[RmsNormRopeKernel] = Op("rms_norm_rope")
+ATTENTION_HEADS: Op[AttentionHeadsKernel] = Op("attention_heads")
+GATED_ACT: Op[GatedActKernel] = Op("gated_act")
+ATTENTION_PREFILL: Op[AttentionPrefillKernel] = Op("attention_prefill")
+ATTENTION_DECODE: Op[AttentionDecodeKernel] = Op("attention_decode")
+CAUSAL_CONV1D: Op[CausalConvKernel] = Op("causal_conv1d")
+GATED_DELTA_RULE: Op[DeltaRuleKernel] = Op("gated_delta_rule")
+DECODE_LAYER: Op[DecodeLayerKernel] = Op("decode_layer")

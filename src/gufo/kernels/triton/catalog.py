@@ -1,0 +1,13 @@
+"""The Triton kernels of backend "cuda", built with the run's kernel options (gufo.kernels.catalog)."""
+
+from __future__ import annotations
+
+from gufo.kernels.registry import Registration
+from gufo.kernels.triton import attention, elementwise, gemv
+from gufo.kernels.triton.dependent_launch import DependentLaunch
+from gufo.options import KernelOptions
+
+
+def registrations(options: KernelOptions) -> tuple[Registration, ...]:
+    launch = DependentLaunch(options.dependent_launch)
+    return gemv.registrations(options) + attention.registrations(launch) + elementwise.registrations(launch)

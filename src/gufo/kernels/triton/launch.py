@@ -1,0 +1,197 @@
+"""Launch policy of the skinny products (M = 1..MAX_BLOCK_M activation rows): which kernel of
+gemv_kernels / gemv_int8 runs, its tile shape, its split of K, and the launch itself (`gemv`).
+
+  - float32 activations, or fewer than DOT_MIN_ROWS rows: the vector kernels, on int8 activations
+    (gemv_int8) for the INT8_FORMATS on matrices of at least `int8_min_weights` weights;
+  - float16/bfloat16 activations with DOT_MIN_ROWS..16 rows on NVIDIA: the tensor-core kernels,
+    BLOCK_M = 16 (on ROCm that tile spilled registers on gfx1151, so AMD keeps the vector path until
+    it is tuned).
+Block sizes are ones that compiled without register spills for sm_90 and gfx1151. M > 16 is the
+prefill's (prefill_gemm).
+
+Split-K, for matrices with too few row tiles to fill the GPU: the K steps are cut into `splits`
+ranges, one per program along grid axis 1, writing float32 partials [splits, M, N] that are summed
+afterwards; deterministic (no atomics), so repeated runs give identical tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+from gguf import GGMLQuantizationType
+
+from gufo.kernels.int8_rows import Int8Rows
+from gufo.kernels.triton import gemv_int8
+from gufo.kernels.triton.checks import check_device, check_dtype, check_size
+from gufo.kernels.triton.dependent_launch import DependentLaunch
+from gufo.kernels.triton.gemv_kernels import FORMATS
+from gufo.kernels.triton.planes import TritonWeight
+
+Q = GGMLQuantizationType
+
+DOT_MIN_ROWS = 4  # from here on half-precision activations go through tl.dot (tensor cores)
+MAX_BLOCK_M = 16
+VECTOR_BLOCK_M = (
+    4  # activation rows per program of the vector kernels (unrolled: each adds one FMA per weight)
+)
+MAX_SPLITS = 16
+# BLOCK_N of the tl.dot path: compiled without register spills for sm_90 with Triton 3.6 and 4 warps,
+# checked offline with `gufo kernels report` on the Triton cache.
+DOT_BLOCK_N = 32
+NUM_WARPS = 4
+ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _splits(device: torch.device, tiles: int, n_steps: int) -> int:
+    """Enough K splits for about two programs per multiprocessor (1 off the GPU). `tiles` counts the
+    output-row tiles only: the split, hence each row's summation order, must not depend on how many
+    activation rows there are, so that M rows give each row's M = 1 numbers (batch invariance)."""
+    if device.type != "cuda":
+        return 1
+    return max(1, min(n_steps, MAX_SPLITS, 2 * _multiprocessors(device) // tiles))
+
+
+@dataclass(frozen=True)
+class VectorConfig:
+    block_n: int  # output rows per program
+    step: int  # input columns per loop step
+    num_warps: int
+
+
+# Widest K step of the vector kernels: 2048 columns, except Q4_0, whose one-row 2048 step compiled with
+# a 40-byte stack frame for sm_90 with Triton 3.6 (`gufo kernels own --target sm_90`); 1024 has none.
+MAX_VECTOR_STEP = {Q.Q4_0: 1024}
+
+
+def vector_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
+    """Launch shape of the vector kernel for an [n, k] weight: 4 rows x 2048 columns per step
+    (docs/decisions.md, "vector product shapes")."""
+    widest = MAX_VECTOR_STEP.get(qtype, 2048)
+    return VectorConfig(4, max(FORMATS[qtype].block, min(widest, triton.next_power_of_2(k))), 4)
+
+
+INT8_FORMATS = (Q.Q8_0, Q.Q4_K, Q.Q6_K)  # vector products on int8 activations (gemv_int8.py)
+
+
+def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
+    """Launch shape of the int8 kernels for an [n, k] weight (docs/decisions.md, "int8 product
+    shapes"): Q8_0 4 rows x 1024 columns on 2 warps; Q6_K 8 x 2048; Q4_K 8 x 2048 for matrices taller
+    than wide (gate/up, qkv), else 4 x 2048 (down, attention output). Q8_0 stays at 1024 columns: its
+    2-row 2048 step compiled with an 8-byte stack frame for sm_90 (Triton 3.6)."""
+    if qtype == Q.Q8_0:
+        rows, step, warps = 4, 1024, 2
+    else:
+        rows, step, warps = (8 if qtype == Q.Q6_K or n > k else 4), 2048, 4
+    return VectorConfig(rows, max(FORMATS[qtype].block, min(step, triton.next_power_of_2(k))), warps)
+
+
+def runs_on_int8(weight: TritonWeight, int8_min_weights: int) -> bool:
+    """Whether the products of this weight on float32 activations quantize them to int8 first
+    (gemv_int8.py): a format with int8 kernels, whose dot4 is native (NVIDIA) or emulated by the Triton
+    interpreter (CPU tensors), and a matrix of at least `int8_min_weights` weights (KernelOptions;
+    docs/decisions.md, "int8 activations only for large matrices")."""
+    n, k = weight.shape
+    return weight.qtype in INT8_FORMATS and torch.version.hip is None and n * k >= int8_min_weights
+
+
+def int8_activations(x: torch.Tensor, weight: TritonWeight, int8_min_weights: int) -> bool:
+    """Whether the vector product of x and weight runs on int8 activations: float32 x (what the engine
+    decodes with) and a weight that `runs_on_int8`."""
+    return x.dtype == torch.float32 and runs_on_int8(weight, int8_min_weights)
+
+
+def takes_int8_rows(weight: TritonWeight, rows: int, int8_min_weights: int) -> bool:
+    """Whether a product of `rows` float32 rows runs on int8 activations, so the kernel that makes its
+    input may hand it `Int8Rows` (the fused norms and activation) instead of float32 rows."""
+    return runs_on_int8(weight, int8_min_weights) and 0 < rows <= MAX_BLOCK_M
+
+
+def check_operands(x: torch.Tensor | Int8Rows, weight: TritonWeight) -> None:
+    """x [..., K] as a product with weight takes it: raises naming the mismatch."""
+    if weight.qtype not in FORMATS:
+        raise ValueError(f"no Triton product for {weight.qtype.name} weights")
+    n, k = weight.shape
+    if isinstance(x, Int8Rows):
+        check_dtype("int8 rows", x.values, (torch.int8,))
+        check_size("int8 rows' dimensions", x.values.dim(), 2)
+        if weight.qtype not in INT8_FORMATS:
+            raise ValueError(f"int8 rows given to a {weight.qtype.name} product, which has no int8 kernel")
+    else:
+        check_dtype("activations", x, ACTIVATION_DTYPES)
+    check_size(f"activation columns of a product with a {n}x{k} weight", x.shape[-1], k)
+    if weight.planes:
+        check_device("the activations", x.values if isinstance(x, Int8Rows) else x, weight.planes[0].device)
+
+
+def gemv(
+    x: torch.Tensor | Int8Rows,
+    weight: TritonWeight,
+    int8_min_weights: int,
+    launch: DependentLaunch,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """x [..., K] (float32/float16/bfloat16, on the weight's device; or float32 rows already quantized
+    to `Int8Rows` for a format in INT8_FORMATS) -> x @ W^T [..., N] in x's dtype.
+
+    `int8_min_weights`: see `runs_on_int8`; `splits`: number of K ranges (split-K); None picks one from
+    the device's size.
+    """
+    check_operands(x, weight)
+    if splits is not None and splits < 1:
+        raise ValueError(f"split-K: {splits} splits, expected 1 or more")
+    n, k = weight.shape
+    fmt = FORMATS[weight.qtype]
+    quantized = isinstance(x, Int8Rows)
+    dtype = torch.float32 if quantized else x.dtype
+    lead = x.shape[:-1]
+    x2 = x if quantized else x.reshape(-1, k)
+    if not quantized and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
+    if dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None:
+        kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
+        int8 = False
+    else:
+        int8 = quantized or int8_activations(x, weight, int8_min_weights)
+        config = (int8_config if int8 else vector_config)(weight.qtype, n, k)
+        kernel, block_n, step, warps = fmt.kernel, config.block_n, config.step, config.num_warps
+        block_m = min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
+    grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
+    n_steps = triton.cdiv(k, step)
+    if splits is None:
+        splits = _splits(x.device, grid_n, n_steps)
+    per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
+    splits = triton.cdiv(n_steps, per_split)  # no empty ranges
+    out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
+    if m and int8:
+        grid = (grid_n, splits, grid_m)
+        gemv_int8.launch(
+            x2,
+            weight.qtype,
+            weight.planes,
+            out,
+            grid,
+            n_steps,
+            per_split,
+            block_m,
+            block_n,
+            step,
+            warps,
+            launch,
+        )
+    elif m:
+        kernel[(grid_n, splits, grid_m)](
+            x2, *weight.planes, out, m, n, k, x2.stride(0), n_steps, per_split,
+            BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, num_warps=warps, **launch.options(out.device),
+        )  # fmt: skip
+    y = out[0] if splits == 1 else out.sum(0).to(dtype)
+    return y.reshape(*lead, n)

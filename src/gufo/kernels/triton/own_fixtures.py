@@ -1,0 +1,146 @@
+"""The launches `gufo kernels own` compiles (gufo.kernels.triton.offline intercepts them): each kernel
+module's real launch code run on meta tensors (no memory, no GPU) for the shapes of reference models.
+
+Each `*_examples(options)` yields a label, then makes the launches filed under it, until the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from gguf import GGMLQuantizationType
+
+from gufo.formats import block_shape
+from gufo.kernels.backends import cache_dtype
+from gufo.kernels.int8_rows import ACT_BLOCK
+from gufo.kernels.triton.attention import PROGRAMS_PER_MULTIPROCESSOR, TritonAttentionDecode
+from gufo.kernels.triton.dependent_launch import DependentLaunch
+from gufo.kernels.triton.elementwise import (
+    TritonAddRmsNorm,
+    TritonAttentionHeads,
+    TritonGatedAct,
+    TritonRmsNorm,
+    TritonRmsNormRope,
+    TritonRope,
+)
+from gufo.kernels.triton.gemv import TritonLinear
+from gufo.kernels.triton.gemv_kernels import FORMATS
+from gufo.kernels.triton.launch import MAX_BLOCK_M, gemv
+from gufo.kernels.triton.planes import TritonWeight, split_fields
+from gufo.kernels.triton.prefill_gemm import PREFILL_DTYPE
+from gufo.options import KernelOptions
+
+# Weight shapes [N, K] of a real model (Qwen3-0.6B: MLP down, gate/up, attention output, query). Every
+# format divides their widths, which give each vector-kernel STEP with one K step and with several.
+REFERENCE_SHAPES = ((1024, 3072), (3072, 1024), (1024, 2048), (2048, 1024))
+# and a weight past dependent_launch.PREFETCH_MAX_BYTES in every format (its products do not prefetch)
+LARGE_SHAPE = (8192, 4096)
+# and weights under the default int8 limit (KernelOptions.int8_min_weights: gemma3-270m's attention
+# output and FFN down), whose products multiply float32 activations in the formats with int8 kernels too
+SMALL_SHAPES = ((640, 1024), (640, 2048))
+
+
+def meta_weight(qtype: GGMLQuantizationType, n: int, k: int) -> TritonWeight:
+    elements, nbytes = block_shape(qtype)
+    raw = torch.empty(n, k // elements * nbytes, dtype=torch.uint8, device="meta")
+    return TritonWeight(qtype, (n, k), split_fields(qtype, raw))
+
+
+def linear_examples(options: KernelOptions) -> Iterator[str]:
+    """The engine's products on the reference and small shapes: float32 activations of 1..MAX_BLOCK_M
+    rows (decode, speculative, batched) and one more (prefill), plus the tensor-core kernels at the half
+    precision they exist for (NVIDIA); one row on the large shape. Each format's label is its name."""
+    linear = TritonLinear(options)
+    for qtype in FORMATS:
+        yield qtype.name.lower()
+        for n, k in REFERENCE_SHAPES + SMALL_SHAPES:
+            weight = meta_weight(qtype, n, k)
+            for m in range(1, MAX_BLOCK_M + 2):
+                linear.apply(torch.empty(m, k, device="meta"), weight)
+            if torch.version.hip is None:  # gemv takes the tensor-core path on NVIDIA only
+                x = torch.empty(MAX_BLOCK_M, k, dtype=PREFILL_DTYPE, device="meta")
+                gemv(x, weight, linear.int8_min_weights, linear.launch)
+        n, k = LARGE_SHAPE
+        linear.apply(torch.empty(1, k, device="meta"), meta_weight(qtype, n, k))
+
+
+# (query heads, KV heads, head dim, sliding window) of real models: Qwen3-0.6B and 8B, gemma3-270m (global and
+# sliding-window layers), SmolLM2-135M; cache lengths of a short and a long context; the programs an
+# H200 asks for (PROGRAMS_PER_MULTIPROCESSOR x 132 multiprocessors).
+REFERENCE_GEOMETRIES = (
+    (16, 8, 128, None),
+    (32, 8, 128, None),  # Qwen3-8B, the benchmark model
+    (4, 1, 256, None),
+    (4, 1, 256, 512),
+    (9, 3, 64, None),
+)
+REFERENCE_SPANS = (512, 8192)
+REFERENCE_PROGRAMS = PROGRAMS_PER_MULTIPROCESSOR * 132
+
+
+def attention_examples(options: KernelOptions) -> Iterator[str]:
+    """The GPU engine's decode attention on the reference geometries, as meta tensors (float32
+    queries, the GPU KV cache's dtype; on NVIDIA also quantizing for the int8 output projection)."""
+    kernel = TritonAttentionDecode(DependentLaunch(options.dependent_launch))
+    dtype = cache_dtype("cuda")
+    yield f"{str(dtype).removeprefix('torch.')}_cache"
+    for n_heads, n_kv, dim, window in REFERENCE_GEOMETRIES:
+        for span in REFERENCE_SPANS:
+            q = torch.empty(1, n_heads, dim, device="meta")
+            cache = torch.empty(n_kv, span, dim, dtype=dtype, device="meta")
+            index = torch.empty(1, dtype=torch.int64, device="meta")
+            for int8 in (False, True) if torch.version.hip is None else (False,):
+                args = (q, cache, cache, index, dim**-0.5, window, int8)
+                kernel.apply(*args, REFERENCE_PROGRAMS)
+
+
+# Widths of real models: Qwen3-0.6B (hidden 1024, FFN 3072, heads 16 x 128 on 8 KV heads, NeoX RoPE),
+# SmolLM2-135M (hidden 576, heads 64 wide, adjacent-pair RoPE) and gemma3-270m (hidden 640, GeGLU).
+REFERENCE_NORM_WIDTHS = (1024, 576, 640, 128, 64, 256)
+REFERENCE_ROPE = ((16, 128, True), (9, 64, False), (4, 256, True))
+REFERENCE_FFN = ((3072, "silu"), (2048, "gelu_tanh"))
+
+
+def elementwise_examples(options: KernelOptions) -> Iterator[str]:
+    """The norms, rotary embeddings and gated activations of the reference models, as meta tensors; on
+    NVIDIA also the norms and activations that quantize for the int8 products (widths that are
+    multiples of 32)."""
+    launch = DependentLaunch(options.dependent_launch)
+    norm, add_norm, rope = TritonRmsNorm(launch), TritonAddRmsNorm(launch), TritonRope(launch)
+    norm_rope, heads_kernel, gated = (
+        TritonRmsNormRope(launch),
+        TritonAttentionHeads(launch),
+        TritonGatedAct(launch),
+    )
+    yield "float32"
+    quantizing = (False, True) if torch.version.hip is None else (False,)
+    for width in REFERENCE_NORM_WIDTHS:
+        row, weight = torch.empty(1, width, device="meta"), torch.empty(width, device="meta")
+        for int8 in quantizing if width % ACT_BLOCK == 0 else (False,):
+            norm.apply(row, weight, 1e-6, int8)
+            add_norm.apply(row, row, weight, 1e-6, int8)
+    for heads, dim, neox in REFERENCE_ROPE:
+        tables = torch.empty(1, dim, device="meta")
+        rope.apply(torch.empty(1, heads, dim, device="meta"), tables, tables, neox)
+        heads_in = torch.empty(1, heads, dim, device="meta")
+        norm_rope.apply(heads_in, torch.empty(dim, device="meta"), 1e-6, tables, tables, neox)
+        kv_in = torch.empty(1, max(1, heads // 2), dim, device="meta")
+        cache = torch.empty(kv_in.shape[1], 64, dim, dtype=cache_dtype("cuda"), device="meta")
+        index = torch.empty(1, dtype=torch.int64, device="meta")
+        for norm in (torch.empty(dim, device="meta"), None):
+            heads_kernel.apply(
+                heads_in, kv_in, kv_in, norm, norm, 1e-6, tables, tables, neox, cache, cache, index
+            )
+    for width, act in REFERENCE_FFN:
+        for int8 in quantizing:
+            gate, up = torch.empty(1, width, device="meta"), torch.empty(1, width, device="meta")
+            gated.apply(gate, up, act, int8)
+
+
+# in the order `gufo kernels own` records them (the first launch of a configuration is the one compiled)
+LAUNCH_EXAMPLES: tuple[Callable[[KernelOptions], Iterator[str]], ...] = (
+    linear_examples,
+    attention_examples,
+    elementwise_examples,
+)

@@ -1,0 +1,87 @@
+"""The weight layout of the Triton products ("field planes", made once at load by `upload`).
+
+Each GGUF block is a packed struct (fp16 scales, then quant bytes); the kernels read each field from its
+own contiguous plane instead, row-major [N, n_blocks * field bytes], fp16 fields viewed as float16 and
+Q5_0's 4 high-bit bytes as one int32. That is a pure byte permutation of the file (`split_fields`;
+joining the planes block by block gives the file's bytes back), so a row tile's quant bytes are one
+contiguous, aligned run that loads in wide vectors, which the 18/20/22/34-byte structs of the
+32-element formats prevent. F16/BF16/F32 weights keep their own dtype ([N, K]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from gguf import GGMLQuantizationType
+
+from gufo.formats import block_shape
+from gufo.gguf.model_file import TensorInfo
+from gufo.kernels.linear_reference import raw_rows
+
+Q = GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class Field:
+    start: int  # byte range inside a GGUF block
+    end: int
+    dtype: torch.dtype  # how the plane is viewed (float16 for scales, int32 for Q5_0's high bits)
+
+
+U8, I8, F16 = torch.uint8, torch.int8, torch.float16
+_K4 = (Field(0, 2, F16), Field(2, 4, F16), Field(4, 16, U8))  # Q4_K/Q5_K d, dmin, packed scales
+
+# per format, its block's fields in the kernels' argument order
+FIELDS: dict[GGMLQuantizationType, tuple[Field, ...]] = {
+    Q.Q4_0: (Field(2, 18, U8), Field(0, 2, F16)),
+    Q.Q4_1: (Field(4, 20, U8), Field(0, 2, F16), Field(2, 4, F16)),
+    Q.Q5_0: (Field(6, 22, U8), Field(2, 6, torch.int32), Field(0, 2, F16)),
+    Q.Q8_0: (Field(2, 34, I8), Field(0, 2, F16)),
+    Q.Q4_K: (*_K4, Field(16, 144, U8)),
+    Q.Q5_K: (*_K4, Field(16, 48, U8), Field(48, 176, U8)),
+    Q.Q6_K: (Field(0, 128, U8), Field(128, 192, U8), Field(192, 208, I8), Field(208, 210, F16)),
+    Q.F32: (Field(0, 4, torch.float32),),
+    Q.F16: (Field(0, 2, F16),),
+    Q.BF16: (Field(0, 2, torch.bfloat16),),
+}
+
+
+@dataclass(frozen=True)
+class TritonWeight:
+    qtype: GGMLQuantizationType
+    shape: tuple[int, int]  # (N, K)
+    planes: tuple[torch.Tensor, ...]
+
+
+def split_fields(qtype: GGMLQuantizationType, raw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """GGUF rows uint8 [N, row_bytes] -> one contiguous plane per block field, [N, n_blocks * field]
+    viewed as the field's dtype, in the kernel's argument order (a byte permutation of `raw`)."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, block_shape(qtype)[1])
+    return tuple(
+        blocks[..., f.start : f.end].reshape(rows, -1).contiguous().view(f.dtype) for f in FIELDS[qtype]
+    )
+
+
+def join_fields(qtype: GGMLQuantizationType, planes: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Inverse of split_fields: the GGUF rows, each block's fields put back at their byte ranges."""
+    rows, fields = planes[0].shape[0], FIELDS[qtype]
+    pieces = [
+        p.view(torch.uint8).reshape(rows, -1, f.end - f.start) for p, f in zip(planes, fields, strict=True)
+    ]
+    order = sorted(range(len(fields)), key=lambda i: fields[i].start)
+    return torch.cat([pieces[i] for i in order], dim=-1).reshape(rows, -1)
+
+
+def default_device() -> torch.device:
+    """The current GPU; the CPU when none is visible (the Triton interpreter runs on CPU tensors)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def upload(info: TensorInfo, device: torch.device | None = None) -> TritonWeight:
+    """Upload the raw GGUF rows once, then split them into field planes on the device."""
+    raw = raw_rows(info).to(device or default_device())
+    return TritonWeight(info.qtype, (raw.shape[0], info.shape[-1]), split_fields(info.qtype, raw))

@@ -1,0 +1,77 @@
+"""The prefill route of the Triton products (M > launch.MAX_BLOCK_M rows): dequantize the matrix on the
+device (one Triton pass of the format's tile code), then one cuBLAS product on the tensor cores with
+float32 accumulation (docs/decisions.md, "prefill products")."""
+
+from __future__ import annotations
+
+import torch
+import triton
+from gguf import GGMLQuantizationType
+
+from gufo.kernels.triton import gemv_int8
+from gufo.kernels.triton.gemv_kernels import FORMATS
+from gufo.kernels.triton.launch import NUM_WARPS, check_operands, int8_activations
+from gufo.kernels.triton.planes import TritonWeight
+
+Q = GGMLQuantizationType
+
+# Operands of the prefill product for block formats: float16 has 3 more mantissa bits than bfloat16 at
+# the same tensor-core rate, and the weights' own scales are float16 (docs/decisions.md, "float16
+# prefill operands"). Activations past float16's range become inf: non-finite logits, which every check
+# reports.
+PREFILL_DTYPE = torch.float16
+# float weights multiply in their own precision at prefill, so the file's values reach the product as
+# they are (bf16 would round F16/F32 weights; found on an F32 qwen35 file: logits 1.2 off the CPU)
+FLOAT_PREFILL_DTYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+DEQUANT_BLOCK_N = 32  # output rows per program of the dequant kernels (one K step each)
+DEQUANT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def dequantize_weight(weight: TritonWeight, dtype: torch.dtype = PREFILL_DTYPE) -> torch.Tensor:
+    """The whole matrix [N, K] in `dtype`, dequantized on the device by the format's Triton kernel
+    (the same tile code as the tensor-core gemv, so both round identically before the product)."""
+    if weight.qtype not in FORMATS:
+        raise ValueError(f"no Triton dequantizer for {weight.qtype.name} weights")
+    if dtype not in DEQUANT_DTYPES:
+        raise TypeError(f"dequantized weight: dtype {dtype}, expected float32, float16 or bfloat16")
+    n, k = weight.shape
+    fmt = FORMATS[weight.qtype]
+    out = torch.empty(n, k, dtype=dtype, device=weight.planes[0].device)
+    n_steps = triton.cdiv(k, fmt.step)
+    if n:
+        fmt.dequant_kernel[(triton.cdiv(n, DEQUANT_BLOCK_N), n_steps, 1)](
+            *weight.planes, out, n, k, n_steps, BLOCK_N=DEQUANT_BLOCK_N, STEP=fmt.step, num_warps=NUM_WARPS
+        )
+    return out
+
+
+def _product(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """x @ dense^T, float32 out: for half-precision operands on CUDA straight from the float32
+    accumulators (cuBLAS with out_dtype, no rounding of the result and no conversion pass); elsewhere
+    (float32 operands, ROCm, the CPU interpreter) the product's own result widened."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x.dtype != torch.float32 and x.device.type == "cuda" and torch.version.hip is None:
+        y = torch.mm(x2, dense.T, out_dtype=torch.float32)
+    else:
+        y = (x2 @ dense.T).float()
+    return y.reshape(*x.shape[:-1], -1)
+
+
+def _prefill_operand(
+    x: torch.Tensor, weight: TritonWeight, dtype: torch.dtype, int8_min_weights: int
+) -> torch.Tensor:
+    """x as the prefill product multiplies it, in dtype. Where decode multiplies int8 activations
+    (`launch.int8_activations`), x is first rounded to those same values, so both paths compute one
+    function up to float16 weights and summation order."""
+    if not int8_activations(x, weight, int8_min_weights):
+        return x.to(dtype)
+    rows = x.reshape(-1, x.shape[-1])
+    return gemv_int8.round_rows(rows if rows.stride(-1) == 1 else rows.contiguous(), dtype).reshape(x.shape)
+
+
+def prefill_product(x: torch.Tensor, weight: TritonWeight, int8_min_weights: int) -> torch.Tensor:
+    """x [..., K] @ W^T in x's dtype, through the dense matrix (`dequantize_weight`)."""
+    check_operands(x, weight)
+    dtype = FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
+    operand = _prefill_operand(x, weight, dtype, int8_min_weights)
+    return _product(operand, dequantize_weight(weight, dtype)).to(x.dtype)
