@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from gufo.kernels.catalog import register_all
-from gufo.kernels.contracts import FusedProductSpec, LayerSpec, ProductSpec
 from gufo.kernels.decode import CpuDecodeLayer
 from gufo.models.kv_cache import KVCache
 
@@ -94,55 +93,6 @@ def write_model(path, arch: str, heads: dict, qtypes: dict, extra: dict) -> None
     writer.close()
 
 
-def product_spec(linear) -> ProductSpec:
-    return ProductSpec(
-        linear.kernel,
-        linear.route,
-        linear.weight,
-        linear.out_features,
-        linear.in_features,
-        tuple(linear.split_sizes),
-        linear.bias is not None,
-        linear.after is not None,
-    )
-
-
-def fused_spec(fused) -> FusedProductSpec:
-    return FusedProductSpec(tuple(product_spec(p) for p in fused.parts), tuple(fused.order))
-
-
-def layer_spec(layer) -> LayerSpec:
-    """The layer as the decode kernel reads it (what `DecoderLayer.spec()` will give)."""
-    attn, ffn, cfg = layer.attn, layer.ffn, layer.attn.cfg
-
-    def weight(norm):
-        return None if norm is None else norm.weight
-
-    return LayerSpec(
-        n_embd=cfg.n_embd,
-        n_heads=cfg.n_heads,
-        n_kv_heads=cfg.n_kv_heads,
-        key_dim=cfg.key_dim,
-        value_dim=cfg.value_dim,
-        eps=cfg.rms_eps,
-        attn_norm=layer.attn_norm.weight,
-        q_norm=weight(attn.q_norm),
-        k_norm=weight(attn.k_norm),
-        post_attn_norm=weight(layer.post_attn_norm),
-        ffn_norm=layer.ffn_norm.weight,
-        post_ffn_norm=weight(layer.post_ffn_norm),
-        qkv=fused_spec(attn.qkv),
-        o=product_spec(attn.o),
-        gate_up=fused_spec(ffn.gate_up),
-        down=product_spec(ffn.down),
-        activation=ffn.act_name,
-        rope_dim=attn.rope.dim,
-        rope_neox=attn.rope.neox,
-        window=attn.window,
-        attn_scale=attn.scale,
-    )
-
-
 def build(tmp_path, case: str, qtypes: dict | None = None):
     from gufo.gguf.model_file import open_model_file
     from gufo.models.registry import build_model
@@ -161,8 +111,8 @@ def test_fused_layer_matches_torch_layer(tmp_path, case):
     must match the torch layer fed the same input (windowed and global layers, GQA, partial RoPE)."""
     model = build(tmp_path, case)
     cfg = model.config
-    fused = CpuDecodeLayer.prepare([layer_spec(layer) for layer in model.layers])
-    assert fused is not None
+    fused = CpuDecodeLayer.prepare([layer.spec() for layer in model.layers])
+    assert fused is not None and model.decode_route.name == "cpu:cpu-fused-layer"
     caches = [KVCache(cfg.n_layers, 2, cfg.n_kv_heads, CONTEXT, cfg.key_dim, cfg.value_dim) for _ in range(2)]
     gen = torch.Generator().manual_seed(7)
     for pos in range(CONTEXT):
@@ -185,14 +135,15 @@ def test_float_weights_are_refused(tmp_path):
     """A product the int8 kernel does not run (F32 here): the kernel declines the layers (the model then
     keeps decode on its torch layers)."""
     model = build(tmp_path, "llama-partial-rope", {"attn_output": Q.F32})
-    assert CpuDecodeLayer.prepare([layer_spec(layer) for layer in model.layers]) is None
+    assert CpuDecodeLayer.prepare([layer.spec() for layer in model.layers]) is None
+    assert model.decode_route.name == "torch:torch-layer" and not model.decode_route.batch_invariant
 
 
 @pytest.mark.parametrize("refused", ["bias", "collective", "route", "activation"])
 def test_layers_the_kernel_cannot_run_are_refused(tmp_path, refused):
     """A bias, a collective after a product, a product routed elsewhere, an unknown activation: None."""
     model = build(tmp_path, "qwen3-mixed")
-    specs = [layer_spec(layer) for layer in model.layers]
+    specs = [layer.spec() for layer in model.layers]
     down = specs[-1].down
     changed = {
         "bias": {"down": dataclasses.replace(down, has_bias=True)},

@@ -11,13 +11,18 @@ from qwen35_gguf import VOCAB, tiny_hf_model, write_gguf
 
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import open_model_file
-from gufo.kernels import backends  # noqa: F401  (registers kernels)
+from gufo.kernels.catalog import register_all
 from gufo.models.registry import build_model
 
 pytest.importorskip("transformers")
 
 SEQ = 96  # more than one 64-token chunk of the delta rule, and not a multiple of it
 TOLERANCE = 1e-3
+
+
+@pytest.fixture(autouse=True)
+def cpu_kernels():
+    register_all("cpu")
 
 
 def expected_logits(model, tokens: torch.Tensor) -> torch.Tensor:

@@ -105,10 +105,11 @@ def write_gguf(model, path, qtype: gguf.GGMLQuantizationType) -> dict[str, np.nd
 
 def gufo_logits(path, backend: str, tokens: torch.Tensor) -> torch.Tensor:
     from gufo.gguf.model_file import open_model_file
-    from gufo.kernels import backends  # noqa: F401  (registers kernels)
+    from gufo.kernels.catalog import register_all
     from gufo.models.kv_cache import KVCache
     from gufo.models.registry import build_model
 
+    register_all(backend)
     model = build_model(open_model_file(path), backend)
     cfg = model.config
     cache = KVCache(cfg.n_layers, 1, cfg.n_kv_heads, SEQ, cfg.key_dim, cfg.value_dim)

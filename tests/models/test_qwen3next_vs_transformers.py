@@ -12,13 +12,18 @@ from test_qwen35_vs_transformers import SEQ, check_prefill_and_decode
 
 from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
-from gufo.kernels import backends  # noqa: F401  (registers kernels)
+from gufo.kernels.catalog import register_all
 from gufo.models.registry import build_model
 from gufo.tools.quality.validate_prefill import validate_prefill
 
 pytest.importorskip("transformers")
 
 ARCH = "qwen3next"
+
+
+@pytest.fixture(autouse=True)
+def cpu_kernels():
+    register_all("cpu")
 
 
 @pytest.mark.parametrize(

@@ -55,8 +55,11 @@ def greedy_logits(
     from gufo.gguf.model_file import open_model_file
     from gufo.kernels import backends
     from gufo.models.registry import build_model
+    from gufo.parallel.model import build_sharded
 
-    model = build_model(open_model_file(path), backend, tp)
+    backends.select(backend)
+    shard = None if tp is None else lambda arch, mf, on: build_sharded(arch, mf, on, tp)
+    model = build_model(open_model_file(path), backend, shard)
     float64 = float64_following is not None
     if float64:
         in_float64(model)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from gufo.cli.commands import summary
 from gufo.errors import BadInputError
+from gufo.options import KernelOptions
 from gufo.tools.kernel_check import checker, own, report
 from gufo.tools.kernel_check.loader import read_paths
 from gufo.tools.kernel_check.model import Kernel
@@ -137,7 +139,10 @@ def _own(args: argparse.Namespace) -> int:
         raise BadInputError("--write needs --note TEXT (why this baseline)")
     if args.block_size is not None and not 1 <= args.block_size <= 1024:
         raise BadInputError(f"--block-size: {args.block_size} is not in 1..1024")
-    kernels, warnings = own.own_kernels(args.target, args.keep, args.jobs, args.block_size, _progress)
+    options = KernelOptions.from_environment(os.environ)  # the kernels as `gufo run` would build them
+    kernels, warnings = own.own_kernels(
+        args.target, args.keep, args.jobs, args.block_size, _progress, options
+    )
     for w in warnings:
         print(f"gufo: note: {w}", file=sys.stderr)
     if args.write:

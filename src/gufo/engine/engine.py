@@ -20,7 +20,7 @@ from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.kernels import backends
-from gufo.kernels.attention import RowPositions
+from gufo.kernels.positions import RowPositions
 from gufo.models.kv_cache import CacheSnapshot, KVCache
 from gufo.models.registry import build_model
 from gufo.options import DEFAULT_BATCH, DEFAULT_CONTEXT, RunOptions
@@ -70,7 +70,7 @@ class Engine:
         self.path, self.file = open_checked(model)
         self.options = options = options or RunOptions()
         self.device = self._device(options.device)
-        self.backend = backends.select(self.device)
+        self.backend = backends.select(self.device, options.kernels)
         if options.threads:
             torch.set_num_threads(options.threads)
         self.tokenizer = Tokenizer.from_gguf(self.file.metadata)

@@ -8,8 +8,6 @@ kernels (`gufo.kernels.triton.attention`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
@@ -22,24 +20,6 @@ from gufo.kernels.contracts import (
 )
 from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
 from gufo.kernels.registry import REFERENCE_BACKEND, Registration
-
-
-@dataclass(frozen=True)
-class TokenPositions:
-    """Consecutive tokens from `start` that each attend exactly as a one-token decode step at its
-    position would (same op, same cache span): batch-invariant speculative verification on GPUs."""
-
-    start: int
-
-
-@dataclass(frozen=True)
-class RowPositions:
-    """One token per row, row i at `positions[i]` of cache slot `slots[i]`: a decode step of several
-    sequences at once (kernels that take it read each weight once for all rows)."""
-
-    slots: tuple[int, ...]
-    positions: tuple[int, ...]
-
 
 SPAN_STEP = 256  # cache entries: decode attention reads a prefix of whole steps
 

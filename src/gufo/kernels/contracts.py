@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.int8_rows import Int8Rows
-
-if TYPE_CHECKING:  # the kernel modules subclass these protocols
-    from gufo.kernels.attention import RowPositions, TokenPositions
+from gufo.kernels.positions import RowPositions, TokenPositions
 
 KernelType = TypeVar("KernelType", covariant=True)
 

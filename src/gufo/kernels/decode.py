@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from gufo.errors import BadInputError
-from gufo.kernels.attention import RowPositions
 from gufo.kernels.contracts import (
     DECODE_LAYER,
     DecodeLayerKernel,
@@ -26,6 +25,7 @@ from gufo.kernels.contracts import (
     ProductSpec,
 )
 from gufo.kernels.cpu_int8 import CpuInt8Linear, Int8Weight, library
+from gufo.kernels.positions import RowPositions
 from gufo.kernels.registry import Registration
 
 ACT_CODES = ("silu", "gelu_tanh")  # index = the C kernel's ACT_* value

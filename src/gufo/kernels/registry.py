@@ -35,10 +35,10 @@ def register(entry: Registration) -> None:
     _KERNELS[(entry.backend, entry.op.name, entry.qtype)] = entry.kernel
 
 
-def find(backend: str, op: Op[KernelType] | str, qtype: Any = AnyQType) -> tuple[str, KernelType] | None:
+def find(backend: str, op: Op[KernelType], qtype: Any = AnyQType) -> tuple[str, KernelType] | None:
     """(backend actually used, kernel): the backend's available kernel, else the torch reference's,
-    else None. `op` as a name (str): during the transition of callers to the `Op` constants only."""
-    name = op if isinstance(op, str) else op.name
+    else None."""
+    name = op.name
     for key in ((backend, name, qtype), (backend, name, AnyQType)):
         kernel = _KERNELS.get(key)
         if kernel is not None and kernel.available():
@@ -49,10 +49,9 @@ def find(backend: str, op: Op[KernelType] | str, qtype: Any = AnyQType) -> tuple
     return None
 
 
-def lookup(backend: str, op: Op[KernelType] | str, qtype: Any = AnyQType) -> tuple[str, KernelType]:
+def lookup(backend: str, op: Op[KernelType], qtype: Any = AnyQType) -> tuple[str, KernelType]:
     """As `find`, raising KeyError when neither the backend nor the reference has a kernel."""
     found = find(backend, op, qtype)
     if found is None:
-        name = op if isinstance(op, str) else op.name
-        raise KeyError(f"no kernel for op {name!r} and type {qtype!r} on backend {backend!r}")
+        raise KeyError(f"no kernel for op {op.name!r} and type {qtype!r} on backend {backend!r}")
     return found

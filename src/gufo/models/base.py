@@ -11,8 +11,16 @@ import torch
 
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry
-from gufo.kernels.attention import RowPositions, TokenPositions
+from gufo.kernels.contracts import (
+    ATTENTION_HEADS,
+    DECODE_LAYER,
+    GATED_ACT,
+    RMS_NORM_ROPE,
+    ROPE,
+    LayerSpec,
+)
 from gufo.kernels.int8_rows import Int8Rows
+from gufo.kernels.positions import RowPositions, TokenPositions
 from gufo.models.kv_cache import KVCache
 from gufo.models.layers import (
     ACTIVATIONS,
@@ -93,9 +101,9 @@ class SelfAttention:
         self.q_norm = RMSNorm(mf, f"{prefix}.attn_q_norm.weight", eps, backend) if qk_norm else None
         self.k_norm = RMSNorm(mf, f"{prefix}.attn_k_norm.weight", eps, backend) if qk_norm else None
         self.cfg, self.rope, self.scale, self.window = cfg, rope, scale, window
-        self.rope_kernel = registry.lookup(backend, "rope")[1]
-        self.norm_rope_kernel = own_kernel(backend, "rms_norm_rope") if qk_norm else None
-        self.heads_kernel = own_kernel(backend, "attention_heads")  # decode: heads into the cache at once
+        self.rope_kernel = registry.lookup(backend, ROPE)[1]
+        self.norm_rope_kernel = own_kernel(backend, RMS_NORM_ROPE) if qk_norm else None
+        self.heads_kernel = own_kernel(backend, ATTENTION_HEADS)  # decode: heads into the cache at once
         self.kernels = AttentionKernels.of(backend)
 
     @staticmethod
@@ -201,7 +209,7 @@ class GatedFFN:
         if act not in ACTIVATIONS:
             raise ValueError(f"unknown activation {act!r}")
         self.act_name = act
-        self.activation = registry.lookup(backend, "gated_act")[1]
+        self.activation = registry.lookup(backend, GATED_ACT)[1]
 
     def takes_int8(self, rows: int) -> bool:
         return self.gate_up.takes_int8(rows)
@@ -262,6 +270,41 @@ class DecoderLayer:
         x, normed = self.pre_attention(x)
         h = self.attn(normed, rope_tables, cache, index, slot, start_pos)
         return self.post_attention(x, h, defer)
+
+    def spec(self) -> LayerSpec | None:
+        """This layer as data for a fused decode-layer kernel; None unless it is plain attention and a
+        dense gated FFN (hybrid token mixers and expert FFNs run as the torch layer)."""
+        attn, ffn = self.attn, self.ffn
+        if type(attn) is not SelfAttention or not isinstance(ffn, GatedFFN):
+            return None
+        cfg = attn.cfg
+
+        def weight(norm: RMSNorm | None) -> torch.Tensor | None:
+            return None if norm is None else norm.weight
+
+        return LayerSpec(
+            cfg.n_embd,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.key_dim,
+            cfg.value_dim,
+            cfg.rms_eps,
+            self.attn_norm.weight,
+            weight(attn.q_norm),
+            weight(attn.k_norm),
+            weight(self.post_attn_norm),
+            self.ffn_norm.weight,
+            weight(self.post_ffn_norm),
+            attn.qkv.spec(),
+            attn.o.spec(),
+            ffn.gate_up.spec(),
+            ffn.down.spec(),
+            ffn.act_name,
+            attn.rope.dim,
+            attn.rope.neox,
+            attn.window,
+            attn.scale,
+        )
 
     def pre_attention(self, x: torch.Tensor | Residual) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]:
         """(the residual stream, its pre-attention norm): the token mixer reads the second."""
@@ -356,17 +399,15 @@ class DecoderModel:
     def decode_route(self) -> DecodeRoute:
         """How this model runs one-token steps: the backend's fused "decode_layer" kernel where it takes
         every layer, else the model's own layers (per token and batch-invariant on GPUs)."""
-        route, kernel = registry.lookup(self.backend, "decode_layer")
-        if route == self.backend:
-            plan = kernel.prepare(self.layers)
+        found = registry.find(self.backend, DECODE_LAYER)
+        specs = [layer.spec() for layer in self.layers]
+        if found is not None and found[0] == self.backend and None not in specs:
+            route, kernel = found
+            plan = kernel.prepare(specs)
             if plan is not None:
-                return DecodeRoute(
-                    f"{route}:{kernel.name}",
-                    functools.partial(kernel.apply, plan),
-                    batch_invariant=kernel.batch_invariant,
-                    max_tokens=None,  # the kernel runs longer calls in chunks
-                    multi_slot=kernel.multi_slot,
-                )
+                step = functools.partial(kernel.apply, plan)
+                name = f"{route}:{kernel.name}"
+                return DecodeRoute(name, step, kernel.batch_invariant, kernel.max_tokens, kernel.multi_slot)
         if self.backend == "cuda":
             return DecodeRoute(
                 "cuda:torch-layer-per-token", self._layer_per_token, True, PER_TOKEN_MAX_TOKENS, False

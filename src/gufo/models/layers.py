@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -13,11 +13,24 @@ import torch
 from gufo.errors import BadInputError
 from gufo.formats import dequantize
 from gufo.gguf.model_file import ModelFile, TensorInfo
-from gufo.kernels import backends, registry  # noqa: F401  (backends registers every kernel)
-from gufo.kernels.attention import TokenPositions
+from gufo.kernels import backends, registry
+from gufo.kernels.contracts import (
+    ADD_RMS_NORM,
+    ATTENTION_DECODE,
+    ATTENTION_PREFILL,
+    LINEAR,
+    RMS_NORM,
+    AttentionDecodeKernel,
+    AttentionPrefillKernel,
+    FusedProductSpec,
+    Op,
+    ProductSpec,
+)
 from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.linear_reference import dequantize_tensor, raw_rows
 from gufo.kernels.pointwise import ACTIVATIONS, gelu_tanh  # noqa: F401  (the models' activation names)
+from gufo.kernels.positions import TokenPositions
+from gufo.kernels.registry import KernelType
 from gufo.models.kv_cache import KVCache
 
 
@@ -61,7 +74,7 @@ class Linear:
         self.qtype = info.qtype
         self.out_features, self.in_features = info.shape
         self.split_sizes = split_sizes or [i.shape[0] for i in infos]
-        self.route, self.kernel = registry.lookup(backend, "linear", info.qtype)
+        self.route, self.kernel = registry.lookup(backend, LINEAR, info.qtype)
         self.weight = self.kernel.prepare(info)
         self.bias = None if bias is None else bias.to(backends.device_of(backend))
         # Tensor parallelism sets a collective on a shard's partial output (gufo.parallel.model); the
@@ -76,8 +89,20 @@ class Linear:
     def takes_int8(self, rows: int) -> bool:
         """Whether this product of `rows` rows may be given them as `Int8Rows` (the kernel that makes
         them quantizes as it writes: one launch fewer)."""
-        takes = getattr(self.kernel, "takes_int8", None)
-        return takes is not None and takes(self.weight, rows)
+        return self.kernel.takes_int8(self.weight, rows)
+
+    def spec(self) -> ProductSpec:
+        """This product as data, for fused kernels."""
+        return ProductSpec(
+            self.kernel,
+            self.route,
+            self.weight,
+            self.out_features,
+            self.in_features,
+            tuple(self.split_sizes),
+            has_bias=self.bias is not None,
+            has_collective=self.after is not None,
+        )
 
 
 def bias_of(model_file: ModelFile, weight_name: str) -> TensorInfo | None:
@@ -162,6 +187,9 @@ class FusedLinear:
     def takes_int8(self, rows: int) -> bool:
         return all(part.takes_int8(rows) for part in self.parts)
 
+    def spec(self) -> FusedProductSpec:
+        return FusedProductSpec(tuple(part.spec() for part in self.parts), tuple(self.order))
+
     def __call__(self, x: torch.Tensor | Int8Rows) -> list[torch.Tensor]:
         outputs: list[torch.Tensor] = []
         for part in self.parts:
@@ -200,8 +228,8 @@ class RMSNorm:
     def __init__(self, model_file: ModelFile, name: str, eps: float, backend: str):
         self.weight = vector(model_file, name).contiguous().to(backends.device_of(backend))
         self.eps = eps
-        self.route, self.kernel = registry.lookup(backend, "rms_norm")
-        self.fused_add = own_kernel(backend, "add_rms_norm")
+        self.route, self.kernel = registry.lookup(backend, RMS_NORM)
+        self.fused_add = own_kernel(backend, ADD_RMS_NORM)
 
     def __call__(self, x: torch.Tensor, int8: bool = False) -> torch.Tensor | Int8Rows:
         """The norm of x; with `int8` (only where the consumer `takes_int8`), as `Int8Rows`."""
@@ -226,18 +254,22 @@ def rows_of(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1] if x.shape[-1] else 0
 
 
-def takes_int8(consumer: Any, x: torch.Tensor) -> bool:
-    """Whether the module that reads x's rows next (a product, an FFN, a token mixer) takes them as
-    `Int8Rows`; False for consumers that do not say."""
-    takes = getattr(consumer, "takes_int8", None)
-    return takes is not None and takes(rows_of(x))
+class Int8Consumer(Protocol):
+    """A module that reads rows (a product, an FFN, a token mixer) and says whether it takes them as
+    `Int8Rows` (quantized by the kernel that writes them: one launch fewer)."""
+
+    def takes_int8(self, rows: int) -> bool: ...
 
 
-def own_kernel(backend: str, op: str) -> Any:
+def takes_int8(consumer: Int8Consumer, x: torch.Tensor) -> bool:
+    return consumer.takes_int8(rows_of(x))
+
+
+def own_kernel(backend: str, op: Op[KernelType]) -> KernelType | None:
     """The backend's own kernel for an optional fused op, or None where only the torch reference has it
     (the caller then composes the unfused kernels, which keeps that backend's numbers as they were)."""
-    route, kernel = registry.lookup(backend, op)
-    return kernel if route == backend else None
+    found = registry.find(backend, op)
+    return found[1] if found is not None and found[0] == backend else None
 
 
 @dataclass(frozen=True)
@@ -253,13 +285,14 @@ class DevicePosition:
 class AttentionKernels:
     """A backend's "attention_prefill" and "attention_decode" kernels, resolved once per layer."""
 
-    prefill: Any
-    decode: Any
+    prefill: AttentionPrefillKernel
+    decode: AttentionDecodeKernel
 
     @classmethod
     def of(cls, backend: str) -> AttentionKernels:
-        kernels = (registry.lookup(backend, f"attention_{kind}")[1] for kind in ("prefill", "decode"))
-        return cls(*kernels)
+        return cls(
+            registry.lookup(backend, ATTENTION_PREFILL)[1], registry.lookup(backend, ATTENTION_DECODE)[1]
+        )
 
 
 def attention(
@@ -300,7 +333,7 @@ def attend_cached(
     end: int,
     scale: float,
     window: int | None,
-    prefill: Any,
+    prefill: AttentionPrefillKernel,
 ) -> torch.Tensor:
     """Prefill attention of q ([T, H, D], the tokens at cache positions end - T..end - 1) over a slot's
     cache entries keys/values ([Hkv, context, D], already holding those tokens): [T, H * Dv]."""
@@ -309,7 +342,7 @@ def attend_cached(
 
 
 def _decode_rows(
-    op: Any,
+    op: AttentionDecodeKernel,
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
@@ -320,7 +353,7 @@ def _decode_rows(
 ) -> torch.Tensor:
     """Each token through the one-token decode op over the first `spans[i]` cache entries: in one launch
     when the op takes several tokens (it bounds each token's span itself), else token by token."""
-    if getattr(op, "tokens_at_once", False):
+    if op.tokens_at_once:
         span = max(spans)
         return op.apply(q, keys[:, :span], values[:, :span], indices, scale, window)
     rows = [
@@ -340,7 +373,7 @@ def _attention_at(
     position: DevicePosition,
     scale: float,
     window: int | None,
-    decode: Any,
+    decode: AttentionDecodeKernel,
 ) -> torch.Tensor:
     """Decode attention without host-side positions: the KV writes and the causal/window masks read
     `position.index` on the device."""
@@ -355,13 +388,13 @@ def attend_written(
     position: DevicePosition,
     scale: float,
     window: int | None,
-    decode: Any,
+    decode: AttentionDecodeKernel,
     int8: bool = False,
 ) -> torch.Tensor | Int8Rows:
     """Decode attention of q ([T, H, D]) at device positions over a slot's whole cache (keys/values
     [Hkv, context, D], already holding the tokens' entries): each token's span is bounded on the device.
     `int8`: as `Int8Rows` where the op takes all tokens at once (it quantizes as it writes)."""
-    if int8 and getattr(decode, "tokens_at_once", False):
+    if int8 and decode.tokens_at_once:
         return decode.apply(q, keys, values, position.index, scale, window, True)
     spans = [keys.shape[1]] * q.shape[0]
     return _decode_rows(decode, q, keys, values, position.index, spans, scale, window).to(q.dtype)

@@ -82,6 +82,10 @@ class MoEFFN:
             gate = as_matrix(mf, f"{prefix}.ffn_gate_inp_shexp.weight", n_embd)
             self.shared_gate = Linear.of([gate], backend)
 
+    def takes_int8(self, rows: int) -> bool:
+        """The router reads float rows."""
+        return False
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.router(x).float(), dim=-1)
         weights, chosen = probs.topk(self.shape.n_used, dim=-1)

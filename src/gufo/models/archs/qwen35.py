@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.kernels import backends, registry
+from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE
 from gufo.models.base import DecoderLayer, DecoderModel, DecodeRoute, ModelConfig, SelfAttention
 from gufo.models.kv_cache import KVCache
 from gufo.models.layers import (
@@ -106,8 +107,8 @@ class GatedDeltaNet:
         self.a = vector(mf, f"{prefix}.ssm_a").to(device)  # -exp(A_log), stored so by the converter
         self.norm = RMSNorm(mf, f"{prefix}.ssm_norm.weight", eps, backend)
         self.out = Linear(mf, f"{prefix}.ssm_out.weight", backend)
-        _, self.conv = registry.lookup(backend, "causal_conv1d")
-        _, self.delta_rule = registry.lookup(backend, "gated_delta_rule")
+        _, self.conv = registry.lookup(backend, CAUSAL_CONV1D)
+        _, self.delta_rule = registry.lookup(backend, GATED_DELTA_RULE)
 
     @staticmethod
     def projections(s: DeltaNetShape) -> dict[str, int]:
@@ -118,6 +119,10 @@ class GatedDeltaNet:
     def project(self, x: torch.Tensor) -> list[torch.Tensor]:
         """qkv, z, beta logits, alpha: [T, channels], [T, value_heads * value_dim], [T, value_heads] x 2."""
         return self.in_proj(x)
+
+    def takes_int8(self, rows: int) -> bool:
+        """The projections read float rows (their int8 handoff is not wired for this mixer)."""
+        return False
 
     def _per_value_head(self, t: torch.Tensor, per_key: int) -> torch.Tensor:
         """Key heads [T, key_heads, D] -> one per value head, in the file's value-head order."""

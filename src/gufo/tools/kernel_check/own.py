@@ -12,6 +12,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from gufo.errors import BadInputError
+from gufo.options import KernelOptions
 from gufo.tools.kernel_check import triton
 from gufo.tools.kernel_check.checker import kernel_key
 from gufo.tools.kernel_check.loader import read_path
@@ -26,8 +27,10 @@ def own_kernels(
     jobs: int = 1,
     block_size: int | None = None,
     progress: Progress | None = None,
+    options: KernelOptions | None = None,
 ) -> tuple[list[Kernel], list[str]]:
-    """Every launch variant of every target, compiled (into `keep`, else a temporary folder) and read."""
+    """Every launch variant of every target, the kernels built with `options` (the defaults when None),
+    compiled (into `keep`, else a temporary folder) and read."""
     try:
         from gufo.kernels.triton import offline
     except ImportError as err:
@@ -46,7 +49,9 @@ def own_kernels(
     kernels: list[Kernel] = []
     warnings: list[str] = []
     with holder as cache:
-        compiled = offline.compile_all(list(dict.fromkeys(targets)), Path(cache), jobs, progress)
+        compiled = offline.compile_all(
+            list(dict.fromkeys(targets)), Path(cache), jobs, progress, options or KernelOptions()
+        )
         for _, variant, folder in compiled:
             found, notes = read_path(folder, block_size)
             for k in found:
