@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 from gguf import GGMLQuantizationType
 
 from gufo.formats import block_shape
@@ -75,8 +76,9 @@ def join_fields(qtype: GGMLQuantizationType, planes: tuple[torch.Tensor, ...]) -
 
 
 def default_device() -> torch.device:
-    """The current GPU; the CPU when none is visible (the Triton interpreter runs on CPU tensors)."""
-    if torch.cuda.is_available():
+    """The current GPU; the CPU when none is visible or under the Triton interpreter (it runs on CPU
+    tensors)."""
+    if torch.cuda.is_available() and not triton.knobs.runtime.interpret:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
