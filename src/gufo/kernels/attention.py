@@ -107,8 +107,8 @@ class ReferenceAttentionPrefill(AttentionPrefillKernel):
 class FusedAttentionPrefill(AttentionPrefillKernel):
     """GPUs: without a window the mask is causal aligned to the last key, which torch's flash kernel
     takes without a materialised mask, reading the KV heads shared by query heads as they are (GQA;
-    docs/decisions.md, "prefill attention reads the shared KV heads"). Where no fused kernel takes GQA,
-    torch materialises the mask (correct, slower). Windowed layers use the reference."""
+    docs/decisions.md, "Prefill attention reads grouped KV heads as they are"). Where no fused kernel
+    takes GQA, torch materialises the mask (correct, slower). Windowed layers use the reference."""
 
     name = "torch-sdpa-causal-lower-right"
 

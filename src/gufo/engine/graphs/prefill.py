@@ -1,8 +1,8 @@
 """Prefill chunks replayed as captured CUDA graphs, cut at the attention (piecewise graphs).
 
 Launched op by op, a prefill chunk costs ~30 launches per layer from Python, and on a slow host those
-launches take longer than the GPU needs for them (docs/BENCHMARKS.md, "the spread of prefill between
-leases"). Everything in a layer but the attention over the cache depends only on the chunk's length:
+launches take longer than the GPU needs for them (docs/decisions.md, "Prefill replays piecewise CUDA
+graphs"). Everything in a layer but the attention over the cache depends only on the chunk's length:
 positions live in a static device tensor, which the RoPE tables and the KV writes read. So each graph
 runs one layer's tail and the next layer's head (output projection, residual adds, FFN; then norm, QKV
 product, QK norm, RoPE and the KV write), and the attention over the cache prefix, whose length changes

@@ -102,7 +102,7 @@ static inline __m256 weight_scale(const float *ws, int b, int group) {
     }
 
 /* Rows this far ahead are prefetched by the one-row tiles: decode streams weights from memory, and the
- * interleaved rows of a tile defeat the hardware prefetchers (docs/decisions.md, "CPU weight prefetch"). */
+ * interleaved rows of a tile defeat the hardware prefetchers (docs/decisions.md, "CPU: prefetch 16 rows ahead in one-row tiles"). */
 #define M1_PREFETCH_ROWS 16
 
 TILE_FN(tile_u_4x2, 4, 2, dot_u8s8, load_w8, K, 0)

@@ -173,7 +173,8 @@ def _multiprocessors(device: torch.device) -> int:
 
 def use_dot() -> bool:
     """tl.dot for the two products on NVIDIA, where Triton pipelines the loads that feed it
-    (docs/decisions.md, "tl.dot in decode attention"); AMD keeps the elementwise form."""
+    (docs/decisions.md, "Decode attention: tl.dot, 2 programs per multiprocessor, 3 stages"); AMD keeps
+    the elementwise form."""
     return torch.version.hip is None
 
 

@@ -8,7 +8,7 @@ previous kernel has completed and its writes are visible, and only then lets the
 early in turn.
 Nothing a kernel reads from the chain is read before its wait, so results are bit for bit those of
 plain launches (`gufo kernels own` checks the order in the compiled code). The wait comes before
-the early launch: docs/decisions.md, "dependent launch waits first".
+the early launch: docs/decisions.md, "Dependent launches: wait, then let the next kernel launch".
 
 The products of small weight matrices also ask L2 for their weight rows before they wait
 (`prefetch_rows`): weights depend on no earlier kernel (docs/decisions.md, "weight prefetch only for

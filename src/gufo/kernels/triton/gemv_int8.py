@@ -1,7 +1,7 @@
 """Skinny products on int8 activations: 4-way integer dot products instead of per-weight float math.
 
 The vector kernels of gemv_kernels.py turn every weight into a float and multiply it, several
-instructions per weight (docs/decisions.md, "int8 dot products at decode"). Here, as in llama.cpp's
+instructions per weight (docs/decisions.md, "Decode products on int8 activations"). Here, as in llama.cpp's
 CUDA kernels and gufo's CPU backend
 (csrc/qgemm_cpu.c), the activations are first quantized per 32 columns to int8 (`quantize_rows_q8`, or
 the fused row kernel that produced them: `gufo.kernels.int8_rows`), and a 32-bit
@@ -38,7 +38,7 @@ Q = GGMLQuantizationType
 QUANT_BLOCKS = 32  # activation blocks per program of the quantizer
 # Register cap of the one-row int8 products on 8-row x 2048-column tiles (Q4_K, Q6_K; NVIDIA only, like
 # them): one more block per multiprocessor without a spill (`gufo kernels own --target sm_90` checks);
-# docs/decisions.md, "register cap of the one-row int8 tiles"
+# docs/decisions.md, "Register cap of 72 on one-row int8 tiles"
 MAX_REGISTERS = 72
 CAPPED_TILE = (1, 8, 2048)  # (BLOCK_M, BLOCK_N, STEP) the cap applies to
 

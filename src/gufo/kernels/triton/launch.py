@@ -73,7 +73,7 @@ MAX_VECTOR_STEP = {Q.Q4_0: 1024}
 
 def vector_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     """Launch shape of the vector kernel for an [n, k] weight: 4 rows x 2048 columns per step
-    (docs/decisions.md, "vector product shapes")."""
+    (docs/decisions.md, "Vector launch shapes")."""
     widest = MAX_VECTOR_STEP.get(qtype, 2048)
     return VectorConfig(4, max(FORMATS[qtype].block, min(widest, triton.next_power_of_2(k))), 4)
 
