@@ -76,17 +76,20 @@ TIERS: dict[str, tuple[str, ...]] = {
 }
 
 # Scheduling only, never a test's result: the groups (test files, or the interpreter's halves) that take the
-# most CPU, dispatched first after the unit tier so that no long group starts last and leaves a core idle
-# (CPU seconds per group from `--durations`, loaded 2-core machine). Longest first.
+# most CPU, dealt out first after the unit tier, longest first, so that no long group starts last and leaves
+# a core idle. CPU seconds (user+sys, the test's subprocesses included) of one full run on the 2-core
+# machine under load.
 LONG_GROUPS = (
-    "test_triton_attention-0",
-    "test_triton_attention-1",
-    "tests/quality/test_validate_prefill.py",
-    "tests/engine/test_speculative.py",
-    "tests/engine/test_decode_batch.py",
-    "tests/quality/test_quality.py",
-    "tests/bench/test_bench_cli.py",
-    "tests/parallel/test_tp_equivalence.py",
+    "tests/models/test_converted_vs_transformers.py",  # 170
+    "tests/kernel_check/test_own.py",  # 156
+    "test_triton_attention-1",  # 140
+    "tests/bench/test_bench_cli.py",  # 116
+    "tests/parallel/test_tp_equivalence.py",  # 104
+    "test_triton_attention-0",  # 104
+    "tests/cli/test_speculative_cli.py",  # 98
+    "tests/parallel/test_tp_torchrun.py",  # 94
+    "tests/engine/test_decode_batch.py",  # 86
+    "tests/quality/test_quality.py",  # 76
 )
 
 
