@@ -6,7 +6,13 @@ import json
 import os
 from pathlib import Path
 
-import pytest
+# Idle OpenMP threads (torch's, the C kernels') sleep instead of spinning: set before torch is imported
+# here, and inherited by the xdist workers and the subprocesses. Only how a waiting thread waits, never a
+# result; but a test that runs 2 threads (-t 2) while the other worker holds the second core spun at every
+# barrier: test_markdown_header_and_test_names took 24.6 CPU seconds so, 6.1 passive.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings
 
 from gufo.cli.main import main
@@ -34,6 +40,70 @@ MODELS = {
 }
 
 
+# The tier of every test, by what it uses (pyproject.toml registers the markers): the longest key that is a
+# prefix of the test's nodeid wins; a test may be in golden and system both. gpu is marked in the files.
+#   unit    no model files, no subprocess or server (tiny models written by the test are fine)
+#   golden  ../shared's goldens or vocabularies, the model packages, or the converter/transformers oracles
+#   system  subprocesses (the CLI, the Triton interpreter's worker, torchrun) or a server
+TIERS: dict[str, tuple[str, ...]] = {
+    "tests/bench/": ("unit",),
+    "tests/bench/test_bench_cli.py": ("golden",),
+    "tests/cli/": ("golden",),
+    "tests/cli/test_cli.py::test_bad_flag_is_usage_error": ("system",),
+    "tests/cli/test_startup.py": ("system",),
+    "tests/cli/test_startup.py::test_a_flag_is_never_taken_as_a_prefix_of_another": ("unit",),
+    "tests/engine/": ("golden",),
+    "tests/engine/test_sampling.py": ("unit",),
+    "tests/formats/test_quant_blocks.py": ("unit",),
+    "tests/formats/test_quant_real_files.py": ("golden",),
+    "tests/gguf/": ("unit",),
+    "tests/gguf/test_model_file.py::test_cli_exit_code_and_single_line": ("system",),
+    "tests/kernel_check/": ("unit",),
+    "tests/kernel_check/test_own.py::test_nvidia_fields_match_cuobjdump": ("system",),
+    "tests/kernel_check/test_own.py::test_kernels_compile_for_amd_with_a_triton_without": ("system",),
+    "tests/kernels/": ("unit",),
+    "tests/kernels/test_delta_rule.py": ("golden",),
+    "tests/kernels/test_triton_attention.py::test_kernel_in_interpreter": ("system",),
+    "tests/kernels/test_triton_elementwise.py::test_kernel_in_interpreter": ("system",),
+    "tests/kernels/test_triton_gemv.py::test_kernel_in_interpreter": ("system",),
+    "tests/kernels/test_triton_gemv.py::test_int8_limit_from_the_environment": ("system",),
+    "tests/kernels/test_triton_gemv.py::test_package_imports_without_triton": ("system",),
+    "tests/models/": ("golden",),
+    "tests/models/test_converted_vs_transformers.py": ("golden", "system"),  # the converter runs apart
+    "tests/parallel/": ("golden",),
+    "tests/parallel/test_tp_equivalence.py": ("golden", "system"),
+    "tests/parallel/test_tp_torchrun.py": ("golden", "system"),
+    "tests/quality/": ("golden",),
+    "tests/quality/test_validate_prefill.py::test_metrics_by_hand": ("unit",),
+    "tests/server/": ("golden", "system"),
+    "tests/server/test_bench_client.py": ("system",),
+    "tests/synth/": ("golden",),
+    "tests/tokenizer/": ("golden",),
+}
+
+# Scheduling only, never a test's result: the groups (test files, or the interpreter's halves) that take the
+# most CPU, dealt out first after the unit tier, longest first, so that no long group starts last and leaves
+# a core idle. CPU seconds (user+sys, the test's subprocesses included) of one full run on the 2-core
+# machine under load.
+LONG_GROUPS = (
+    "tests/models/test_converted_vs_transformers.py",  # 170
+    "tests/kernel_check/test_own.py",  # 156
+    "test_triton_attention-1",  # 140
+    "tests/bench/test_bench_cli.py",  # 116
+    "tests/parallel/test_tp_equivalence.py",  # 104
+    "test_triton_attention-0",  # 104
+    "tests/cli/test_speculative_cli.py",  # 98
+    "tests/parallel/test_tp_torchrun.py",  # 94
+    "tests/engine/test_decode_batch.py",  # 86
+    "tests/quality/test_quality.py",  # 76
+)
+
+
+def tiers_of(nodeid: str) -> tuple[str, ...]:
+    keys = [key for key in TIERS if nodeid.startswith(key)]
+    return TIERS[max(keys, key=len)] if keys else ()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): tests that run on one xdist worker together")
     worker = getattr(config, "workerinput", None)
@@ -45,14 +115,60 @@ def pytest_configure(config):
         os.environ["OMP_NUM_THREADS"] = str(threads)  # the CLI subprocesses the tests start
 
 
+def group_of(item) -> str:
+    return item.get_closest_marker("xdist_group").args[0]
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items):
-    """`--dist loadgroup` (pyproject.toml) sends a whole test file to one worker, so module and session
-    fixtures (a served model, a recorded reference) are built once, except where the file deals its tests
-    into groups itself (the Triton interpreter's cases: tests/kernels/triton_interpreter.py)."""
+def pytest_collection_modifyitems(config, items):
+    """The tier markers (TIERS; gpu tests skipped without CUDA), and the groups: `--dist loadgroup`
+    (pyproject.toml) sends a whole test file to one worker, so module and session fixtures (a served
+    model, a recorded reference) are built once, except where the file deals its tests into groups itself
+    (the Triton interpreter's cases: tests/kernels/triton_interpreter.py). Then the order, which under
+    xdist (`--no-loadscope-reorder`) is the order groups are dealt out in: the unit tier first, then
+    LONG_GROUPS, then the rest as collected."""
+    import torch
+
+    no_gpu = pytest.mark.skip(reason="needs a GPU")
+    unknown = []
     for item in items:
+        tiers = tiers_of(item.nodeid)
+        if not tiers:
+            unknown.append(item.nodeid)
+        for tier in tiers:
+            item.add_marker(tier)
+        if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if unknown:
+        raise pytest.UsageError(f"no tier for {unknown[0]} (and {len(unknown) - 1} more): add it to TIERS")
+
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(group_of(item), []).append(item)
+
+    def rank(group: str) -> tuple[int, int]:
+        if all(item.get_closest_marker("unit") is not None for item in groups[group]):
+            return (0, 0)
+        return (1, LONG_GROUPS.index(group)) if group in LONG_GROUPS else (2, 0)
+
+    # each group's tests together (a module's fixtures set up once also without xdist), in collection order
+    items[:] = [item for group in sorted(groups, key=rank) for item in groups[group]]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist sends the collection to the scheduler
+def pytest_collection_finish(session):
+    """pytest-xdist (3.8) tells its loadgroup scheduler a test's group by appending `@group` to the test's
+    nodeid, which it does by assigning `item._nodeid`; pytest 9.2 keeps the id as `item._id` (a NodeId)
+    and ignores that (pytest-dev/pytest-xdist#1386), so every test was dealt out alone: a file's module
+    fixtures built on both workers, each interpreter group run by both. Append it where it did not take."""
+    if getattr(session.config, "workerinput", None) is None or not session.config.getvalue("loadgroup"):
+        return
+    for item in session.items:
+        suffix, node_id = "@" + group_of(item), getattr(item, "_id", None)
+        if node_id is not None and not isinstance(node_id, str) and not item.nodeid.endswith(suffix):
+            item._id = type(node_id).parse(item.nodeid + suffix)
 
 
 def gufo(capsys, *args: str) -> tuple[int, str, str]:

@@ -147,7 +147,7 @@ if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set
     print(json.dumps(run_cases(interpreter_cases())))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("depth", [1, 4096, 32768])
 def test_gpu_real_shapes(depth):
     """Qwen3-8B heads (32 query, 8 KV, 128 wide) over a float16 cache up to depth, default split."""
@@ -158,8 +158,7 @@ def test_gpu_real_shapes(depth):
     check_int8_output((32, 8, 128, depth + 512, drafts, None), "cuda")
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a GPU"))])  # fmt: skip
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("tokens,entries", [(7, 7), (5, 23), (64, 300)])
 def test_prefill_causal_lower_right_equals_masked(device, tokens, entries):
     """The GPU prefill route (fused kernels, causal mask aligned to the last key) against the masked

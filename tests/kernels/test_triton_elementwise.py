@@ -244,7 +244,7 @@ if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set
     print(json.dumps(run_cases(interpreter_cases())))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_gpu_real_widths():
     """Qwen3-8B / gemma3 widths: 4096-wide norms, 128-wide heads, 12288-wide FFN."""
     check_rms_norm(37, 4096, "cuda")

@@ -380,7 +380,7 @@ if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set
 GPU_REL = {torch.float32: 1e-4, torch.float16: 2.0**-9, torch.bfloat16: 2.0**-7}  # K = 4096 products
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 5, 16, 64], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_gpu_real_shapes(qtype, m):
@@ -397,13 +397,13 @@ def test_gpu_real_shapes(qtype, m):
         check(y, x, info, max(GPU_REL[operands], GPU_REL[dtype]))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_gpu_dequantize_real_shape(qtype):
     check_dequantize(qtype, rows=4096 + 1000, cols=4096)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_gpu_quantize_rows_real_shape():
     """The compiled quantizer and prefill's activation rounding bit for bit their torch oracles on a
     Qwen3-8B FFN width."""

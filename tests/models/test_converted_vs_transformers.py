@@ -123,7 +123,7 @@ def tokens(vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (SEQ,), generator=torch.Generator().manual_seed(1))
 
 
-ON_GPU = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))
+ON_GPU = pytest.param("cuda", marks=pytest.mark.gpu)
 
 
 @pytest.mark.parametrize("backend", ["cpu", ON_GPU])

@@ -14,7 +14,7 @@ from gufo.tools.quality.logit_diff import compare_logits
 from gufo.tools.quality.validate_prefill import validate_prefill
 from gufo.tools.synth import find_mix, find_preset, plan_qwen3, write_synth
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module", params=["Q4_K_M", "Q8_0", "Q4_0"])

@@ -138,7 +138,7 @@ def test_only_attention_layers_hold_kv(model_path):
     assert engine.model.routes()["decode_layer"] == "torch:torch-layer"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_cuda_matches_the_cpu_with_and_without_graphs(model_path):
     """Same torch ops on the GPU; captured decode steps must advance the recurrent state once each."""
     tokens = [(i * 37) % 128 for i in range(200)]

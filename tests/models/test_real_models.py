@@ -63,6 +63,7 @@ def test_decode_path_matches_batched_prefill(engine):
     assert float((log_p.exp() * (log_p - log_q)).sum()) < 0.01
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="prefill graphs run on GPUs (GUFO_TEST_DEVICE=cuda)")
 def test_prefill_graphs_equal_eager_prefill(engine):
     """Full chunks through the piecewise prefill graphs give the eager layers' logits bit for bit, on

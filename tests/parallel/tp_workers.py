@@ -79,7 +79,8 @@ def greedy_logits(
 
 
 def rank_main(rank: int, world: int, port: int, path: str, backend: str, prompt, steps, out: str) -> None:
-    """torch.multiprocessing.spawn target: join a gloo group of `world` ranks, rank 0 saves the result."""
+    """torch.multiprocessing.start_processes target: join a gloo group of `world` ranks, rank 0 saves
+    the result."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -99,8 +100,14 @@ def rank_main(rank: int, world: int, port: int, path: str, backend: str, prompt,
         tp.close()
 
 
+# What the ranks' fork server imports once: each rank is a new process forked from it, a process that never
+# ran a torch thread pool (so safe to fork), without paying torch's and gufo's import per rank as spawn did
+RANK_IMPORTS = ["tests.parallel.tp_workers", "gufo.parallel.process_group", "gufo.models.registry"]
+
+
 def run_ranks(world: int, path: Path, backend: str, prompt: list[int], steps: int, out: Path):
-    """`greedy_logits` on `world` spawned gloo ranks; rank 0's result. Fails when they hang."""
+    """`greedy_logits` on `world` gloo ranks, processes of their own; rank 0's result. Fails when they
+    hang."""
     import time
 
     import torch.multiprocessing as mp
@@ -108,7 +115,8 @@ def run_ranks(world: int, path: Path, backend: str, prompt: list[int], steps: in
     from tests.conftest import HANG_GUARD_S  # a hung collective fails the test instead of blocking CI
 
     args = (world, free_port(), str(path), backend, prompt, steps, str(out))
-    context = mp.start_processes(rank_main, args=args, nprocs=world, join=False, start_method="spawn")
+    mp.set_forkserver_preload(RANK_IMPORTS)
+    context = mp.start_processes(rank_main, args=args, nprocs=world, join=False, start_method="forkserver")
     deadline = time.monotonic() + HANG_GUARD_S
     while not context.join(timeout=5):
         if time.monotonic() > deadline:
