@@ -54,10 +54,11 @@ def greedy_logits(
 
     from gufo.gguf.model_file import open_model_file
     from gufo.kernels import backends
+    from gufo.kernels.catalog import register_all
     from gufo.models.registry import build_model
     from gufo.parallel.model import build_sharded
 
-    backends.select(backend)
+    register_all(backend)  # "torch" (the reference kernels alone) or "cpu"
     shard = None if tp is None else lambda arch, mf, on: build_sharded(arch, mf, on, tp)
     model = build_model(open_model_file(path), backend, shard)
     float64 = float64_following is not None
