@@ -412,6 +412,10 @@ class DecoderModel:
             return DecodeRoute(
                 "cuda:torch-layer-per-token", self._layer_per_token, True, PER_TOKEN_MAX_TOKENS, False
             )
+        return self.torch_layers_route()
+
+    def torch_layers_route(self) -> DecodeRoute:
+        """Decode on the model's own torch layers, one token per pass (not batch-invariant)."""
         return DecodeRoute("torch:torch-layer", self._layer_step, False, 1, False)
 
     def _layer_step(

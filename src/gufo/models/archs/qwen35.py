@@ -252,7 +252,7 @@ class Qwen35Model(DecoderModel):
     @functools.cached_property
     def decode_route(self) -> DecodeRoute:
         """The torch layers: the fused decode kernels take attention layers only."""
-        return DecodeRoute("torch:torch-layer", self._layer_step, False, 1, False)
+        return self.torch_layers_route()
 
     def block(
         self,
