@@ -196,6 +196,20 @@ def restore_torch_threads():
         torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kernels_registered():
+    """The kernels of this machine's backends registered, as the engine does when it opens a device
+    (`backends.select`): the tests that build a model directly (`build_model(file, "cpu")`) get the same
+    registry whichever tests ran before them in the process."""
+    import torch
+
+    from gufo.kernels import backends
+
+    backends.select("cpu")
+    if torch.cuda.is_available():
+        backends.select("cuda")
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     if not SHARED.is_dir():

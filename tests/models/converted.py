@@ -9,7 +9,9 @@ in float32 on the same weights, is the oracle of the logits.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -159,11 +161,41 @@ def convert(model: torch.nn.Module, folder: Path, *flags: str, gpt2_vocab: Path 
         write_tokenizer(hf_dir)
     else:
         write_gpt2_tokenizer(hf_dir, gpt2_vocab)
-    script = converter_dir() / "convert_hf_to_gguf.py"
-    command = [sys.executable, str(script), str(hf_dir), "--outfile", str(out), "--outtype", "f32", *flags]
-    done = subprocess.run(command, capture_output=True, text=True)
-    assert done.returncode == 0, f"the converter failed:\n{done.stderr[-3000:]}"
+    code, log = _converter().convert([str(hf_dir), "--outfile", str(out), "--outtype", "f32", *flags])
+    assert code == 0, f"the converter failed:\n{log[-3000:]}"
     return out
+
+
+class _Converter:
+    """The converter process of this test process (converter_zygote.py: imported once, forked per file)."""
+
+    def __init__(self) -> None:
+        script = Path(__file__).with_name("converter_zygote.py")
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), str(converter_dir())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def convert(self, args: list[str]) -> tuple[int, str]:
+        self.process.stdin.write(json.dumps(args) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        assert answer, f"the converter process ended (exit {self.process.wait()})"
+        done = json.loads(answer)
+        return done["code"], done["log"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+@functools.cache
+def _converter() -> _Converter:
+    converter = _Converter()
+    atexit.register(converter.close)
+    return converter
 
 
 def hf_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from gufo.kernels.contracts import (
     ATTENTION_DECODE,
@@ -123,6 +122,10 @@ class FusedAttentionPrefill(AttentionPrefillKernel):
     ) -> torch.Tensor:
         if window is not None:
             return ReferenceAttentionPrefill.apply(q, keys, values, first, scale, window)
+        # imported here: torch.nn.attention.bias imports torch._dynamo, seconds of CPU that every process
+        # importing this module (the CPU engine, `gufo --help` of a command) would pay for a GPU-only kernel
+        from torch.nn.attention.bias import causal_lower_right
+
         return _sdpa(q, keys, values, causal_lower_right(q.shape[0], keys.shape[1]), scale)
 
 
