@@ -16,9 +16,16 @@ from gufo.gguf.model_file import open_model_file
 from tests.conftest import HANG_GUARD_S
 
 
-def write_tiny(path: Path, arch: str = "llama", qtype: str = "F32", drop_key: str | None = None) -> Path:
-    """A tiny but complete llama-shaped GGUF written with the `gguf` package's writer."""
-    writer = gguf.GGUFWriter(str(path), arch)
+def write_tiny(
+    path: Path,
+    arch: str = "llama",
+    qtype: str = "F32",
+    drop_key: str | None = None,
+    split_max_tensors: int = 0,
+) -> Path:
+    """A tiny but complete llama-shaped GGUF written with the `gguf` package's writer; with
+    `split_max_tensors`, split by that writer into `NAME-00001-of-0000N.gguf`, ... (`path` is not written)."""
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     keys = {
         "block_count": 1,
         "context_length": 32,
