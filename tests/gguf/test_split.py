@@ -27,13 +27,6 @@ def split(tmp_path) -> Path:
     return tmp_path
 
 
-def other_split(folder: Path, max_tensors: int) -> Path:
-    """The same model split differently, in a folder of its own: other-0000N-of-0000M.gguf."""
-    folder.mkdir()
-    write_tiny(folder / "other.gguf", split_max_tensors=max_tensors)
-    return folder
-
-
 def test_any_part_opens_the_whole_file(split, tmp_path):
     (tmp_path / "whole").mkdir()
     whole = gguf.GGUFReader(write_tiny(tmp_path / "whole" / "tiny.gguf"))
@@ -81,69 +74,54 @@ def test_missing_part(split, capsys):
     expect_bad_part(capsys, split / PARTS[2], f"{PARTS[1]}: missing, part 2 of 3 of the split {PARTS[2]}")
 
 
-def test_part_of_another_split_count(split, tmp_path, capsys):
-    other = other_split(tmp_path / "other", max_tensors=3)  # 4 parts
-    shutil.copy(other / "other-00002-of-00004.gguf", split / PARTS[1])
-    expect_bad_part(
-        capsys,
-        split / PARTS[0],
-        f"{PARTS[1]}: split.count is 4, but its name and {PARTS[0]} say 3 (parts of different files?)",
-    )
-
-
-def test_renamed_part(split, capsys):
-    shutil.copy(split / PARTS[0], split / PARTS[1])  # named part 2, says split.no 0
-    expect_bad_part(
-        capsys,
-        split / PARTS[2],
-        f"{PARTS[1]}: split.no is 0, but its name says part 2 (split.no 1; a renamed part?)",
-    )
-    expect_bad_part(
-        capsys,
-        split / PARTS[1],
-        f"{PARTS[1]}: named part 2 of 3, but its split.no 0 and split.count 3 say part 1 of 3",
-    )
-
-
-def test_part_of_another_split_by_tensor_total(split, tmp_path, capsys):
-    other = other_split(tmp_path / "other", max_tensors=5)  # 5, 5 and 1 tensors
-    shutil.copy(other / "other-00003-of-00003.gguf", split / PARTS[2])
-    expect_bad_part(
-        capsys,
-        split / PARTS[0],
-        f"{PARTS[0]}: split.tensors.count is 11, but the 3 parts hold 9 tensors (4, 4, 1; parts of different "
-        "files?)",
-    )
-
-
-def test_tensor_in_two_parts(split, tmp_path, capsys):
-    other = other_split(tmp_path / "other", max_tensors=5)
-    shutil.copy(other / "other-00001-of-00003.gguf", split / PARTS[0])
-    names = [{t.name for t in gguf.GGUFReader(split / name).tensors} for name in PARTS[:2]]
-    (twice,) = names[0] & names[1]
-    expect_bad_part(
-        capsys,
-        split / PARTS[0],
-        f"{PARTS[1]}: tensor {twice} is also in {PARTS[0]} (parts of different files?)",
-    )
-
-
-def test_part_of_a_file_with_other_tensors(split, tmp_path, capsys):
-    three = tmp_path / "three"
-    three.mkdir()
-    writer = gguf.GGUFWriter(three / "three.gguf", "llama", split_max_tensors=1)
+@pytest.fixture
+def others(tmp_path) -> Path:
+    """Parts of other files, in a folder: the same model split into 4 parts (3, 3, 3, 2 tensors:
+    other-0000N-of-00004.gguf) and into 3 differently (5, 5, 1: other-0000N-of-00003.gguf), and a model of
+    3 tensors split into 3 (three-0000N-of-00003.gguf)."""
+    folder = tmp_path / "others"
+    folder.mkdir()
+    write_tiny(folder / "other.gguf", split_max_tensors=3)
+    write_tiny(folder / "other.gguf", split_max_tensors=5)
+    writer = gguf.GGUFWriter(folder / "three.gguf", "llama", split_max_tensors=1)
     for i in range(3):
         writer.add_tensor(f"t{i}", np.zeros(32, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    shutil.copy(three / "three-00003-of-00003.gguf", split / PARTS[2])
-    expect_bad_part(
-        capsys,
-        split / PARTS[0],
-        f"{PARTS[2]}: split.tensors.count is 3, but {PARTS[0]} says 11 (parts of different files?)",
-    )
+    return folder
+
+
+@pytest.mark.parametrize(
+    "source,replaced,expected",
+    [
+        (
+            "other-00002-of-00004.gguf",
+            1,
+            f"{PARTS[1]}: split.count is 4, but its name and {PARTS[0]} say 3 (parts of different files?)",
+        ),
+        (
+            "other-00003-of-00003.gguf",
+            2,
+            f"{PARTS[0]}: split.tensors.count is 11, but the 3 parts hold 9 tensors (4, 4, 1; parts of "
+            "different files?)",
+        ),
+        (  # write_tiny's 5th tensor ends the 5-tensor part 1 and starts the 4-tensor part 2
+            "other-00001-of-00003.gguf",
+            0,
+            f"{PARTS[1]}: tensor blk.0.attn_q.weight is also in {PARTS[0]} (parts of different files?)",
+        ),
+        (
+            "three-00003-of-00003.gguf",
+            2,
+            f"{PARTS[2]}: split.tensors.count is 3, but {PARTS[0]} says 11 (parts of different files?)",
+        ),
+    ],
+)
+def test_part_of_another_file(split, others, capsys, source, replaced, expected):
+    shutil.copy(others / source, split / PARTS[replaced])
+    expect_bad_part(capsys, split / PARTS[0], expected)
 
 
 def test_truncated_part(split, capsys):
