@@ -6,6 +6,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -21,11 +22,12 @@ def write_tiny(
     arch: str = "llama",
     qtype: str = "F32",
     drop_key: str | None = None,
-    split_max_tensors: int = 0,
+    **split_options: Any,
 ) -> Path:
-    """A tiny but complete llama-shaped GGUF written with the `gguf` package's writer; with
-    `split_max_tensors`, split by that writer into `NAME-00001-of-0000N.gguf`, ... (`path` is not written)."""
-    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
+    """A tiny but complete llama-shaped GGUF written with the `gguf` package's writer; with its split options
+    (split_max_tensors, small_first_shard), split by it into `NAME-00001-of-0000N.gguf`, ... (then `path`
+    itself is not written)."""
+    writer = gguf.GGUFWriter(str(path), arch, **split_options)
     keys = {
         "block_count": 1,
         "context_length": 32,

@@ -47,6 +47,17 @@ def test_any_part_opens_the_whole_file(split, tmp_path):
         assert mf.metadata["split.tensors.count"] == N_TENSORS
 
 
+def test_a_first_part_of_metadata_only(tmp_path):
+    """llama.cpp's `gguf-split --no-tensor-first-split`: the first part holds no tensors."""
+    write_tiny(tmp_path / "tiny.gguf", split_max_tensors=4, small_first_shard=True)
+    names = [f"tiny-{i:05d}-of-00004.gguf" for i in (1, 2, 3, 4)]
+    counts = [len(gguf.GGUFReader(tmp_path / name).tensors) for name in names]
+    assert counts[0] == 0 and sum(counts) == N_TENSORS
+    mf = open_model_file(tmp_path / names[-1])
+    assert [p.n_tensors for p in mf.parts] == counts and len(mf.tensors) == N_TENSORS
+    assert mf.path.name == names[0] and mf.metadata["llama.block_count"] == 1
+
+
 def test_info_lists_the_parts(split, capsys):
     code, out, _ = gufo(capsys, "info", "--json", str(split / PARTS[1]))
     assert code == 0
