@@ -31,7 +31,7 @@ class TensorInfo:
     name: str
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]
-    offset: int
+    offset: int  # in its file (of a split file: in its part)
     n_bytes: int
     data: np.ndarray
 
