@@ -58,6 +58,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/formats/test_quant_real_files.py": ("golden",),
     "tests/gguf/": ("unit",),
     "tests/gguf/test_model_file.py::test_cli_exit_code_and_single_line": ("system",),
+    "tests/gguf/test_split_model.py": ("golden",),
     "tests/kernel_check/": ("unit",),
     "tests/kernel_check/test_own.py::test_nvidia_fields_match_cuobjdump": ("system",),
     "tests/kernel_check/test_own.py::test_kernels_compile_for_amd_with_a_triton_without": ("system",),

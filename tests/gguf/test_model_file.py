@@ -6,6 +6,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -16,9 +17,17 @@ from gufo.gguf.model_file import open_model_file
 from tests.conftest import HANG_GUARD_S
 
 
-def write_tiny(path: Path, arch: str = "llama", qtype: str = "F32", drop_key: str | None = None) -> Path:
-    """A tiny but complete llama-shaped GGUF written with the `gguf` package's writer."""
-    writer = gguf.GGUFWriter(str(path), arch)
+def write_tiny(
+    path: Path,
+    arch: str = "llama",
+    qtype: str = "F32",
+    drop_key: str | None = None,
+    **split_options: Any,
+) -> Path:
+    """A tiny but complete llama-shaped GGUF written with the `gguf` package's writer; with its split options
+    (split_max_tensors, small_first_shard), split by it into `NAME-00001-of-0000N.gguf`, ... (then `path`
+    itself is not written)."""
+    writer = gguf.GGUFWriter(str(path), arch, **split_options)
     keys = {
         "block_count": 1,
         "context_length": 32,

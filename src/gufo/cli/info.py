@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "info",
         help=summary("info"),
         description="Architecture, parameter count, file size, tensor types, context length, vocabulary "
-        "and chat template of a GGUF file (no weights are loaded).",
+        "and chat template of a GGUF file (no weights are loaded). For a split file (any part may be "
+        "named) the sizes and counts are of all parts, and each part is listed with its size and tensors.",
     )
     parser.add_argument("model", nargs="?", default=None, help="GGUF path or alias (default: gemma3-270m)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -45,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
         "pre_tokenizer": mf.get("tokenizer.ggml.pre"),
         "chat_template": mf.get("tokenizer.chat_template") is not None,
     }
+    if len(mf.parts) > 1:
+        info["parts"] = [
+            {"file": part.path.name, "size_bytes": part.size, "tensor_count": part.n_tensors}
+            for part in mf.parts
+        ]
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -55,6 +61,14 @@ def run(args: argparse.Namespace) -> int:
         elif key == "parameters":
             value = f"{value:,} ({value / 1e9:.3f} B)"
         elif key == "file_size_bytes":
-            value = f"{value:,} ({value / 2**30:.3f} GiB)"
+            value = _size(value)
+        elif key == "parts":  # the count here, then a line for each part
+            value = len(value)
         print(f"{key:<{width}}  {value}")
+    for part in info.get("parts", []):
+        print(f"  {part['file']}  {_size(part['size_bytes'])}, {part['tensor_count']} tensors")
     return 0
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes:,} ({n_bytes / 2**30:.3f} GiB)"

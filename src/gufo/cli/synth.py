@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from tqdm import tqdm
@@ -27,9 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "gufo and llama.cpp can load and benchmark it. It produces noise, not text. qwen35 is the dense "
         "Qwen3.5 hybrid (Gated DeltaNet layers, gated full attention every 4th layer), written as "
         "`convert_hf_to_gguf.py --no-mtp` lays it out: without the multi-token-prediction block. The "
-        "file is written "
-        "under a temporary name beside FILE and renamed when complete; progress goes to stderr when it "
-        "is a terminal.",
+        "file (or the parts of a split file, --split-max-size) is written in a temporary folder beside FILE "
+        "and renamed when complete; progress goes to stderr when it is a terminal.",
     )
     parser.add_argument(
         "--arch", default="qwen3", help=f"architecture (known: {', '.join(PRESETS)}; default qwen3)"
@@ -50,7 +50,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"GGUF path or alias ({', '.join(sorted(ALIASES))}) whose tokenizer is copied; its vocabulary "
         f"size sets the embedding and output rows (default {DEFAULT_VOCAB})",
     )
-    parser.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    parser.add_argument(
+        "--split-max-size",
+        type=split_size,
+        default=0,
+        metavar="SIZE",
+        help="write a split file as llama.cpp's gguf-split does: parts FILE-00001-of-0000N.gguf, ... (FILE "
+        "without .gguf) of at most SIZE bytes of tensor data each (a larger tensor gets a part of its own), "
+        "the metadata in the first; SIZE like 500M or 2G (K, M, G: 1000, 1000^2, 1000^3 bytes, as llama.cpp "
+        "counts). One plain FILE when everything fits in one part",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite FILE (or its parts) if it exists")
     parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same file")
     parser.add_argument(
         "--layers",
@@ -60,6 +70,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="use N layers instead of the preset's, for quick tests (then not the real model's size)",
     )
     parser.set_defaults(func=run)
+
+
+_SIZE_UNITS = {"K": 1000, "M": 1000**2, "G": 1000**3}
+
+
+def split_size(text: str) -> int:
+    """`500M` -> 500_000_000 bytes: llama.cpp's gguf-split sizes (decimal units)."""
+    match = re.fullmatch(r"([0-9]+)([KMG])", text.strip())
+    if match is None or int(match[1]) == 0:
+        raise argparse.ArgumentTypeError(f"expected a size like 500M or 2G (units K, M, G), got {text!r}")
+    return int(match[1]) * _SIZE_UNITS[match[2]]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,9 +94,19 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(
         total=plan.data_bytes, unit="B", unit_scale=True, desc="synth", file=sys.stderr, disable=None
     ) as bar:
-        out = write_synth(plan, args.output, force=args.force, seed=args.seed, progress=bar.update)
+        written = write_synth(
+            plan,
+            args.output,
+            force=args.force,
+            seed=args.seed,
+            progress=bar.update,
+            split_max_size=args.split_max_size,
+        )
+    files = (
+        str(written[0]) if len(written) == 1 else f"{len(written)} parts {written[0]} .. {written[-1].name}"
+    )
     print(
-        f"wrote {out}: {args.arch} {plan.preset} {mix.name}, {shape.num_hidden_layers} layers, "
+        f"wrote {files}: {args.arch} {plan.preset} {mix.name}, {shape.num_hidden_layers} layers, "
         f"vocabulary {vocab.label} ({plan.tensors[0].shape[0]} tokens), "
         f"{plan.n_parameters / 1e9:.3f} B parameters, {plan.data_bytes / 2**30:.3f} GiB of tensor data"
     )

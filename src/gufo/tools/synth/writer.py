@@ -1,13 +1,14 @@
 """Write a random-weight GGUF of a real model shape, tensor by tensor, with a real vocabulary.
 
-Only one tensor's bytes are in memory at a time (a 32B Q4_K_M file is ~19 GB), and the file is
-written under a temporary name in the target folder and renamed at the end, so an interrupted run
-never leaves a partial file under the final name.
+Only one tensor's bytes are in memory at a time (a 32B Q4_K_M file is ~19 GB), and the file (or the
+parts of a split file) is written in a temporary folder beside the target and renamed at the end, so an
+interrupted run never leaves a partial file under a final name.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -187,16 +188,15 @@ def _add_metadata(writer: GGUFWriter, plan: SynthPlan) -> None:
             writer.add_key_value(key, value, vocab.value_types[key], vocab.item_types.get(key))
 
 
-def _temp_file(out: Path) -> Path:
-    """Check where `out` goes and create the temporary file beside it."""
+def _temp_dir(out: Path) -> Path:
+    """Check where `out` goes and create a temporary folder beside it, where the file or parts are written."""
     if out.is_dir():
         raise BadInputError(f"-o {out}: is a directory, expected a file name")
     if not out.parent.is_dir():
         raise BadInputError(f"-o {out}: folder {out.parent} does not exist")
     temp = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.partial"
     try:
-        # Not tempfile.mkstemp: its 0600 mode would survive the rename; this gets 0666 minus the umask.
-        os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        temp.mkdir()
     except OSError as err:
         raise BadInputError(f"-o {out}: cannot write in {out.parent}: {err.strerror}") from None
     return temp
@@ -209,36 +209,44 @@ def write_synth(
     force: bool = False,
     seed: int = 0,
     progress: Callable[[int], object] | None = None,
-) -> Path:
-    """Write the file of `plan` to `out`; `progress(n_bytes)` is called after each tensor."""
+    split_max_size: int = 0,
+) -> list[Path]:
+    """Write the file of `plan` to `out`; the paths written. With `split_max_size` (bytes of tensor data a
+    part; a larger tensor gets a part of its own) the parts are `OUT-00001-of-0000N.gguf`, ... beside
+    `out`, split by gguf-py's writer as `convert_hf_to_gguf.py --split-max-size` splits: llama.cpp's
+    gguf-split names and keys, the metadata in the first part (one plain `out` when it all fits in one).
+    `progress(n_bytes)` is called after each tensor."""
     out = Path(out)
-    if out.exists() and not out.is_dir() and not force:
-        raise BadInputError(f"-o {out}: already exists (use --force to overwrite it)")
-    temp = _temp_file(out)
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(None, plan.arch)
+    writer = GGUFWriter(None, plan.arch, split_max_size=split_max_size)
+    _add_metadata(writer, plan)
+    for tensor in plan.tensors:
+        writer.add_tensor_info(
+            tensor.name,
+            (*tensor.shape[:-1], tensor.row_bytes),
+            np.dtype(np.uint8),
+            tensor.n_bytes,
+            tensor.qtype,
+        )
+    targets = writer.format_shard_names(out)
+    for target in targets:
+        if target.exists() and not target.is_dir() and not force:
+            raise BadInputError(f"-o {out}: {target.name} already exists (use --force to overwrite it)")
+    temp = _temp_dir(out)
     try:
-        _add_metadata(writer, plan)
-        for tensor in plan.tensors:
-            writer.add_tensor_info(
-                tensor.name,
-                (*tensor.shape[:-1], tensor.row_bytes),
-                np.dtype(np.uint8),
-                tensor.n_bytes,
-                tensor.qtype,
-            )
-        writer.write_header_to_file(temp)
+        writer.write_header_to_file(temp / out.name)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for tensor in plan.tensors:
             writer.write_tensor_data(_tensor_bytes(tensor, rng))
             if progress is not None:
                 progress(tensor.n_bytes)
-        writer.close()  # flushed before the rename; the close in `finally` is for failures
-        os.replace(temp, out)
+        writer.close()  # flushed before the renames; the close in `finally` is for failures
+        for written, target in zip(writer.format_shard_names(temp / out.name), targets, strict=True):
+            os.replace(written, target)
     except OSError as err:
         raise GufoError(f"-o {out}: writing failed: {err.strerror or err}") from None
     finally:
         writer.close()
-        temp.unlink(missing_ok=True)
-    return out
+        shutil.rmtree(temp, ignore_errors=True)
+    return targets
