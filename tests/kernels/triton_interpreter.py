@@ -42,9 +42,30 @@ def fix_interpreter_loop_bounds() -> None:
     interpreter._patch_lang_tensor = patched
 
 
+def patch_language_once_per_launch() -> None:
+    """Triton 3.6's interpreter patches triton.language again at every call of a @triton.jit helper inside
+    a kernel (an `inspect.getmembers` walk of the language modules each time: a third of a case's CPU),
+    though the launch patched those same modules already and restores them when the kernel returns.
+    Skip the repeat when every language module the helper sees is patched (its `load` no longer the
+    builtin); a helper that needed the patch and missed it would fail, never pass wrongly."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang
+
+    def patch_unless_patched(fn):
+        langs = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
+        if langs and not any(tl.core.is_builtin(lang.load) for lang in langs):
+            return None  # inside a launch: its scope holds the patches
+        return original(fn)
+
+    interpreter._patch_lang = patch_unless_patched
+
+
 def run_cases(cases: dict[str, Callable[[], None]]) -> dict[str, str | None]:
     """Worker side: the failure (traceback text) or None of every case named on the command line."""
     fix_interpreter_loop_bounds()
+    patch_language_once_per_launch()
     results: dict[str, str | None] = {}
     for name in sys.argv[1:]:
         case = cases[name]
