@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from gufo.cli.commands import summary
 from gufo.cli.common import (
@@ -15,8 +16,13 @@ from gufo.cli.common import (
     sampling_params,
     speculative_params,
 )
+from gufo.engine.loader import open_checked
 from gufo.engine.speculative import make_speculator
 from gufo.errors import BadInputError
+from gufo.gguf.aliases import CHAT_MODEL
+from gufo.tokenizer.chat import BUILTIN_TEMPLATES
+
+TEMPLATE_KEY = "tokenizer.chat_template"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,21 +30,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "chat",
         help=summary("chat"),
         description="Read user turns from stdin (one line each; /exit or EOF ends, /reset clears the "
-        "history), render the conversation with the GGUF chat template and stream the reply.",
+        "history), render the conversation with the GGUF chat template and stream the reply. A model "
+        "without a chat template (a base model) is refused unless --chat-template gives one.",
     )
     add_engine_flags(parser)
     parser.add_argument("--system", default=None, help="system prompt")
     parser.add_argument(
         "-n", "--n-predict", type=positive_int, default=512, help="maximum tokens per reply (default 512)"
     )
+    add_chat_template_flag(parser)
     add_sampling_flags(parser)
     add_speculative_flags(parser)
     parser.set_defaults(func=run)
 
 
+def add_chat_template_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--chat-template",
+        metavar="NAME|FILE",
+        default=None,
+        help=f"render the conversation with a built-in template ({', '.join(BUILTIN_TEMPLATES)}) or a "
+        f"jinja file instead of the GGUF's {TEMPLATE_KEY} (default: the GGUF's; required when it has none)",
+    )
+
+
+def chat_template(args: argparse.Namespace) -> str | None:
+    """The jinja source --chat-template names, or None for the GGUF's own template. A model without
+    one is refused before its weights load: a base model continues the rendered turns with junk."""
+    choice = args.chat_template
+    names = ", ".join(BUILTIN_TEMPLATES)
+    if choice is None:
+        _, model_file = open_checked(args.model)
+        if model_file.get(TEMPLATE_KEY) is None:
+            raise BadInputError(
+                f"{model_file.label} has no chat template ({TEMPLATE_KEY}): chat with an instruct model "
+                f"(-m {CHAT_MODEL}) or give one with --chat-template NAME|FILE (NAME: {names})"
+            )
+        return None
+    if choice in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[choice]
+    try:
+        return Path(choice).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or err
+        raise BadInputError(
+            f"--chat-template {choice}: not a built-in template ({names}) nor a readable file: {reason}"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     speculative = speculative_params(args)
+    template = chat_template(args)
     engine = make_engine(args)
     generator = make_speculator(engine, speculative, args.draft_model) if speculative else engine
     tok = engine.tokenizer
@@ -55,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             messages = list(base)
             continue
         messages.append({"role": "user", "content": line.rstrip("\n")})
-        prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
+        prompt = tok.apply_chat_template(messages, add_generation_prompt=True, template=template)
         ids = tok.encode(prompt, add_special=True, parse_special=True)
         stream = tok.stream_decoder()
         pieces: list[str] = []
