@@ -4,7 +4,11 @@ llama.cpp's goldens, and (through a pseudo-terminal) Ctrl-C, line editing and hi
 from __future__ import annotations
 
 import io
+import os
+import signal
 import sys
+
+import pytest
 
 from tests.conftest import golden, gufo
 
@@ -44,3 +48,34 @@ def test_template_file_renders_the_turn_and_the_reply_is_llamacpp_greedy(capsys,
     code, out, _ = gufo(capsys, "chat", *args)
     assert code == 0
     assert out == " Paris.\n"
+
+
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_ctrl_c_stops_a_reply_and_leaves_the_engine_fit_for_the_next(speculative):
+    from gufo.cli.chat import sigint_stops_reply
+    from gufo.engine.engine import Engine
+    from gufo.engine.sampling import SamplingParams
+    from gufo.engine.speculative import SpeculativeParams, make_speculator
+
+    prompt = golden("smollm2-135m")["prompts"][0]
+    engine = Engine("smollm2-135m", context=256)
+    generator = make_speculator(engine, SpeculativeParams(speculative)) if speculative else engine
+    greedy = SamplingParams(temperature=0.0)
+    seen: list[int] = []
+
+    def press_ctrl_c_at_the_third(token: int) -> None:
+        seen.append(token)
+        if len(seen) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with sigint_stops_reply() as stop_requested:
+        stopped = generator.generate(
+            prompt["prompt_ids"], 32, greedy, on_token=press_ctrl_c_at_the_third, should_stop=stop_requested
+        )
+    assert stopped.stopped_by == "interrupted" and stopped.generated_ids == seen
+    assert 3 <= len(seen) < 32
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the session's Ctrl-C again
+    # the next turn on the same slot: llama.cpp's greedy tokens, as far as they are unambiguous
+    robust = next(i for i, m in enumerate(prompt["greedy_top1_minus_top2"]) if m < 1.0)
+    again = generator.generate(prompt["prompt_ids"], robust, greedy)
+    assert again.generated_ids == prompt["greedy_ids"][:robust]

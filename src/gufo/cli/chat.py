@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gufo.cli.commands import summary
@@ -16,6 +20,7 @@ from gufo.cli.common import (
     sampling_params,
     speculative_params,
 )
+from gufo.engine.engine import GenerationResult
 from gufo.engine.loader import open_checked
 from gufo.engine.speculative import make_speculator
 from gufo.errors import BadInputError
@@ -78,6 +83,50 @@ def chat_template(args: argparse.Namespace) -> str | None:
         ) from None
 
 
+@contextmanager
+def sigint_stops_reply() -> Iterator[Callable[[], bool]]:
+    """While a reply streams, Ctrl-C (SIGINT) asks it to stop at its next token, as in llama-cli, instead
+    of ending the session; a second one before it stops does end it (KeyboardInterrupt: exit 130). Yields
+    whether a stop was asked for. The handler only sets a flag, so no model step is cut in the middle."""
+    requested = threading.Event()
+
+    def handler(signum, frame) -> None:
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield requested.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stream_reply(generator, tokenizer, ids: list[int], budget: int, params) -> tuple[str, GenerationResult]:
+    """Generate a reply to the rendered conversation `ids` and print it as it comes: its text (what was
+    printed until Ctrl-C, if that stopped it) and the generation's result."""
+    stream = tokenizer.stream_decoder()
+    pieces: list[str] = []
+
+    def emit(token: int) -> None:
+        if token in tokenizer.eog_ids:
+            return
+        pieces.append(stream.push(token))
+        sys.stdout.write(pieces[-1])
+        sys.stdout.flush()
+
+    try:
+        with sigint_stops_reply() as stop_requested:
+            result = generator.generate(ids, budget, params, on_token=emit, should_stop=stop_requested)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")  # the interruption's message on a line of its own
+        raise
+    pieces.append(stream.flush())
+    sys.stdout.write(pieces[-1] + "\n")
+    sys.stdout.flush()
+    return "".join(pieces), result
+
+
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     speculative = speculative_params(args)
@@ -100,23 +149,9 @@ def run(args: argparse.Namespace) -> int:
         messages.append({"role": "user", "content": line.rstrip("\n")})
         prompt = tok.apply_chat_template(messages, add_generation_prompt=True, template=template)
         ids = tok.encode(prompt, add_special=True, parse_special=True)
-        stream = tok.stream_decoder()
-        pieces: list[str] = []
-
-        def emit(token: int, stream=stream, pieces=pieces) -> None:
-            if token in tok.eog_ids:
-                return
-            text = stream.push(token)
-            pieces.append(text)
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
         budget = min(args.n_predict, engine.context - len(ids))
         if budget <= 0:
             raise BadInputError(f"conversation of {len(ids)} tokens fills the context size {engine.context}")
-        generator.generate(ids, budget, params, on_token=emit)
-        tail = stream.flush()
-        pieces.append(tail)
-        sys.stdout.write(tail + "\n")
-        sys.stdout.flush()
-        messages.append({"role": "assistant", "content": "".join(pieces)})
+        # a reply stopped by Ctrl-C stays in the conversation as far as it went (llama-cli keeps it too)
+        reply, _ = stream_reply(generator, tok, ids, budget, params)
+        messages.append({"role": "assistant", "content": reply})
