@@ -25,37 +25,63 @@ from gufo.engine.loader import open_checked
 from gufo.engine.speculative import make_speculator
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import CHAT_MODEL
+from gufo.parallel.engine import follows
+from gufo.parallel.mirror import follow
 from gufo.tokenizer.chat import BUILTIN_TEMPLATES
 
 TEMPLATE_KEY = "tokenizer.chat_template"
+PROMPT = "> "
+CLEAR_COMMANDS = ("/clear", "/reset")
+EXIT_COMMAND = "/exit"
+KEYS = (
+    "/clear forgets the conversation, /exit or Ctrl-D ends; Ctrl-C stops a reply, at the prompt it ends; "
+    "the arrow keys edit the line and recall earlier ones"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "chat",
         help=summary("chat"),
-        description="Read user turns from stdin (one line each; /exit or EOF ends, /reset clears the "
-        "history), render the conversation with the GGUF chat template and stream the reply. A model "
-        "without a chat template (a base model) is refused unless --chat-template gives one.",
+        description="Read user turns from stdin, one line each, render the conversation with the GGUF chat "
+        "template and stream each reply to stdout; a timing line follows it on stderr. On a terminal: "
+        f"{KEYS}. A reply stopped by Ctrl-C stays in the conversation as far as it went (as in "
+        "llama-cli). A model without a chat template (a base model) is refused unless --chat-template "
+        "gives one.",
     )
     add_engine_flags(parser)
-    parser.add_argument("--system", default=None, help="system prompt")
     parser.add_argument(
         "-n", "--n-predict", type=positive_int, default=512, help="maximum tokens per reply (default 512)"
     )
-    add_chat_template_flag(parser)
+    add_conversation_flags(parser)
     add_sampling_flags(parser)
     add_speculative_flags(parser)
     parser.set_defaults(func=run)
 
 
-def add_chat_template_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+def add_conversation_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("conversation")
+    group.add_argument(
+        "-sys", "--system-prompt", "--system", dest="system_prompt", default=None, help="system prompt"
+    )
+    group.add_argument(
         "--chat-template",
         metavar="NAME|FILE",
         default=None,
         help=f"render the conversation with a built-in template ({', '.join(BUILTIN_TEMPLATES)}) or a "
         f"jinja file instead of the GGUF's {TEMPLATE_KEY} (default: the GGUF's; required when it has none)",
+    )
+    group.add_argument(
+        "--show-timings",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after each reply, its prompt and generation tokens and tokens per second on stderr, as "
+        "llama-cli prints them (default: on)",
+    )
+    group.add_argument(
+        "--verbose-prompt",
+        action="store_true",
+        help="print each rendered conversation (the chat template's output) on stderr before its reply",
     )
 
 
@@ -127,31 +153,79 @@ def stream_reply(generator, tokenizer, ids: list[int], budget: int, params) -> t
     return "".join(pieces), result
 
 
+def read_turns(terminal: bool, first: str | None = None) -> Iterator[str]:
+    """The user's turns: `first` (`gufo run -cnv -p`), then a line each from stdin until its end, Ctrl-D
+    or, on a terminal, Ctrl-C at the prompt (llama-cli ends there too). On a terminal, GNU readline
+    edits the line and keeps the history the up arrow recalls."""
+    if terminal:
+        import readline  # noqa: F401 (importing it gives input() line editing and history)
+
+    if first is not None:
+        if terminal:
+            print(PROMPT + first)
+        yield first
+    while True:
+        try:
+            yield input(PROMPT if terminal else "")
+        except (EOFError, KeyboardInterrupt):
+            if terminal:
+                print()  # what follows (the shell's prompt) starts on a line of its own
+            return
+
+
+def timings_line(result: GenerationResult) -> str:
+    return (
+        f"[ Prompt: {len(result.prompt_ids)} tokens, {result.prompt_tps:.1f} t/s | "
+        f"Generation: {len(result.generated_ids)} tokens, {result.generation_tps:.1f} t/s ]"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    return converse(args)
+
+
+def converse(args: argparse.Namespace, first_turn: str | None = None) -> int:
+    """The conversation loop of `gufo chat` and `gufo run -cnv`; `first_turn` is the first user turn."""
     params = sampling_params(args)
     speculative = speculative_params(args)
     template = chat_template(args)
     engine = make_engine(args)
+    if follows(engine):  # tensor-parallel rank > 0 (`gufo run -cnv -tp N`): run rank 0's steps
+        return follow(engine)
     generator = make_speculator(engine, speculative, args.draft_model) if speculative else engine
     tok = engine.tokenizer
-    base = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(base)
-    interactive = sys.stdin.isatty()
-    while True:
-        if interactive:
-            print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line or line.strip() == "/exit":
-            return 0
-        if line.strip() == "/reset":
-            messages = list(base)
+    system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+    messages = list(system)
+    terminal = sys.stdin.isatty()
+    if terminal:
+        print(f"gufo chat: {KEYS}", file=sys.stderr)
+    for line in read_turns(terminal, first_turn):
+        command = line.strip()
+        if command == EXIT_COMMAND:
+            break
+        if command in CLEAR_COMMANDS:
+            messages = list(system)
+            print("conversation cleared", file=sys.stderr)
             continue
-        messages.append({"role": "user", "content": line.rstrip("\n")})
+        if not command:
+            continue
+        messages.append({"role": "user", "content": line})
         prompt = tok.apply_chat_template(messages, add_generation_prompt=True, template=template)
+        if args.verbose_prompt:
+            print(prompt, file=sys.stderr)
         ids = tok.encode(prompt, add_special=True, parse_special=True)
-        budget = min(args.n_predict, engine.context - len(ids))
-        if budget <= 0:
-            raise BadInputError(f"conversation of {len(ids)} tokens fills the context size {engine.context}")
+        room = engine.context - len(ids)
+        if room <= 0:
+            messages.pop()
+            print(
+                f"gufo: the conversation of {len(ids)} tokens fills the context size {engine.context}: "
+                "/clear starts over (or give a larger -c)",
+                file=sys.stderr,
+            )
+            continue
         # a reply stopped by Ctrl-C stays in the conversation as far as it went (llama-cli keeps it too)
-        reply, _ = stream_reply(generator, tok, ids, budget, params)
+        reply, result = stream_reply(generator, tok, ids, min(args.n_predict, room), params)
         messages.append({"role": "assistant", "content": reply})
+        if args.show_timings:
+            print(timings_line(result), file=sys.stderr)
+    return 0
