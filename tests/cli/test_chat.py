@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import golden, gufo
 
-# renders only the latest user turn, as plain text: the prompt is then a golden prompt as it stands
-LAST_TURN_TEMPLATE = "{{ messages[-1]['content'] }}"
+# the conversation as plain text, the contents one after the other
+CONTENTS_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def paris() -> str:
@@ -40,14 +40,57 @@ def test_an_unknown_template_is_one_line(capsys, tmp_path):
     assert "not a built-in template (chatml, gemma, llama3) nor a readable file" in err
 
 
-def test_template_file_renders_the_turn_and_the_reply_is_llamacpp_greedy(capsys, monkeypatch, tmp_path):
-    template = tmp_path / "last-turn.jinja"
-    template.write_text(LAST_TURN_TEMPLATE)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(paris() + "\n"))
-    args = ("-m", "smollm2-135m", "--chat-template", str(template), "-n", "2", "--temp", "0")
-    code, out, _ = gufo(capsys, "chat", *args)
+def test_turns_history_and_clear_with_a_template_file(capsys, monkeypatch, tmp_path):
+    """Each turn renders the whole conversation (with a template of the contents one after the other:
+    the prompt is a golden prompt as it stands), the reply is llama.cpp's greedy one, and /clear forgets."""
+    template = tmp_path / "contents.jinja"
+    template.write_text(CONTENTS_TEMPLATE)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{paris()}\nHello\n/clear\n\nBye\n/exit\nnever read\n"))
+    args = (
+        "-m",
+        "smollm2-135m",
+        "--chat-template",
+        str(template),
+        "-n",
+        "2",
+        "--temp",
+        "0",
+        "--verbose-prompt",
+    )
+    code, out, err = gufo(capsys, "chat", *args)
     assert code == 0
-    assert out == " Paris.\n"
+    assert out.startswith(" Paris.\n")
+    prompts = [line for line in err.splitlines() if not line.startswith("[ ")]
+    assert prompts == [paris(), paris() + " Paris.Hello", "conversation cleared", "Bye"]
+    timings = [line for line in err.splitlines() if line.startswith("[ ")]
+    n_prompt = len(golden("smollm2-135m")["prompts"][0]["prompt_ids"])
+    assert (
+        timings[0].startswith(f"[ Prompt: {n_prompt} tokens, ") and "| Generation: 2 tokens, " in timings[0]
+    )
+    assert len(timings) == 3  # three replies: the empty line is skipped, nothing read after /exit
+
+
+def test_run_cnv_takes_the_system_prompt_then_p_as_the_first_turn(capsys, monkeypatch, tmp_path):
+    template = tmp_path / "contents.jinja"
+    template.write_text(CONTENTS_TEMPLATE)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    system, turn = paris().rsplit(" ", 1)  # "The capital of France", "is"
+    args = ("-m", "smollm2-135m", "--chat-template", str(template), "-n", "2", "--temp", "0")
+    code, out, err = gufo(capsys, "run", *args, "-cnv", "-sys", system + " ", "-p", turn, "--no-show-timings")
+    assert code == 0 and out == " Paris.\n" and err == ""
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["-sys", "Be brief.", "-p", "Hi"], "gufo: error: -sys: only with -cnv"),
+        (["-i", "--ignore-eos", "--verbose"], "gufo: error: --ignore-eos, --verbose: only without -cnv"),
+        ([], "gufo: error: one of -p/--prompt and -f/--file is required (or -cnv for a conversation)"),
+    ],
+)
+def test_run_refuses_the_other_modes_flags(capsys, args, line):
+    code, out, err = gufo(capsys, "run", "-m", "smollm2-135m", *args)
+    assert (code, out, err) == (2, "", line + "\n")
 
 
 @pytest.mark.parametrize("speculative", [None, "ngram"])

@@ -75,8 +75,8 @@ def add_conversation_flags(parser: argparse.ArgumentParser) -> None:
         "--show-timings",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="after each reply, its prompt and generation tokens and tokens per second on stderr, as "
-        "llama-cli prints them (default: on)",
+        help="after each reply (and `gufo run`'s text), its prompt and generation tokens and tokens per "
+        "second on stderr, as llama-cli prints them (default: on)",
     )
     group.add_argument(
         "--verbose-prompt",
