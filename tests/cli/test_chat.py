@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import sys
 
 import pytest
 
-from tests.conftest import golden, gufo
+from gufo.cli.chat import PROMPT
+from tests.conftest import HANG_GUARD_S, REPO, golden, gufo
 
 # the conversation as plain text, the contents one after the other
 CONTENTS_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -93,15 +95,20 @@ def test_run_refuses_the_other_modes_flags(capsys, args, line):
     assert (code, out, err) == (2, "", line + "\n")
 
 
-@pytest.mark.parametrize("speculative", [None, "ngram"])
-def test_ctrl_c_stops_a_reply_and_leaves_the_engine_fit_for_the_next(speculative):
-    from gufo.cli.chat import sigint_stops_reply
+@pytest.fixture(scope="module")
+def engine():
     from gufo.engine.engine import Engine
+
+    return Engine("smollm2-135m", context=256)
+
+
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_ctrl_c_stops_a_reply_and_leaves_the_engine_fit_for_the_next(engine, speculative):
+    from gufo.cli.chat import sigint_stops_reply
     from gufo.engine.sampling import SamplingParams
     from gufo.engine.speculative import SpeculativeParams, make_speculator
 
     prompt = golden("smollm2-135m")["prompts"][0]
-    engine = Engine("smollm2-135m", context=256)
     generator = make_speculator(engine, SpeculativeParams(speculative)) if speculative else engine
     greedy = SamplingParams(temperature=0.0)
     seen: list[int] = []
@@ -115,10 +122,55 @@ def test_ctrl_c_stops_a_reply_and_leaves_the_engine_fit_for_the_next(speculative
         stopped = generator.generate(
             prompt["prompt_ids"], 32, greedy, on_token=press_ctrl_c_at_the_third, should_stop=stop_requested
         )
-    assert stopped.stopped_by == "interrupted" and stopped.generated_ids == seen
-    assert 3 <= len(seen) < 32
+    # the handler has run before the generator asks, right after the token it came in
+    assert stopped.stopped_by == "interrupted" and stopped.generated_ids == seen and len(seen) == 3
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the session's Ctrl-C again
     # the next turn on the same slot: llama.cpp's greedy tokens, as far as they are unambiguous
     robust = next(i for i, m in enumerate(prompt["greedy_top1_minus_top2"]) if m < 1.0)
     again = generator.generate(prompt["prompt_ids"], robust, greedy)
     assert again.generated_ids == prompt["greedy_ids"][:robust]
+
+
+def test_terminal_session_ctrl_c_history_and_ctrl_d():
+    """Acceptance: `gufo chat -m smollm2-135m` on a pseudo-terminal. Two turns; Ctrl-C in the middle of
+    the second reply stops it and the prompt returns; the up arrow recalls the last line (readline, not
+    a literal ^[[A); Ctrl-D on the emptied line ends the session with a newline and exit 0."""
+    import pexpect
+
+    budget = 48  # tokens per reply: a long story takes all of them unless Ctrl-C stops it
+    env = dict(os.environ, TERM="dumb", PYTHONPATH=str(REPO / "src"))
+    command = ["-m", "gufo.cli.main", "chat", "-m", "smollm2-135m", "--temp", "0", "-t", "1"]
+    command += ["-n", str(budget)]
+    child = pexpect.spawn(sys.executable, command, env=env, encoding="utf-8", timeout=HANG_GUARD_S)
+    seen = io.StringIO()
+    child.logfile_read = seen
+
+    def turn(line: str) -> None:
+        child.expect_exact(PROMPT)
+        child.sendline(line)
+        child.expect_exact(line + "\r\n")
+
+    def generated() -> int:
+        child.expect(r"\| Generation: (\d+) tokens")
+        return int(child.match.group(1))
+
+    child.expect_exact("Ctrl-C during a reply stops it")  # the keys are explained on a terminal
+    turn("Hi")
+    generated()
+    reply, timings = child.before.split("[ Prompt: ")
+    assert re.search(r"\w", reply) and int(timings.split()[0]) > len("Hi")  # the template's tokens too
+    story = "Tell me a long story about a dragon."
+    turn(story)
+    child.expect(r"\w+ \w+")  # the reply is streaming
+    child.sendintr()
+    assert generated() < budget
+    assert "^C" in child.before
+    child.expect_exact(PROMPT)  # back at the prompt, the session goes on
+    child.send("\x1b[A")  # up arrow
+    child.expect_exact(story)
+    child.send("\x15")  # Ctrl-U: readline empties the line
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, seen.getvalue()
+    assert seen.getvalue().endswith("\r\n") and "^[[" not in seen.getvalue()

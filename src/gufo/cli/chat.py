@@ -34,8 +34,8 @@ PROMPT = "> "
 CLEAR_COMMANDS = ("/clear", "/reset")
 EXIT_COMMAND = "/exit"
 KEYS = (
-    "/clear forgets the conversation, /exit or Ctrl-D ends; Ctrl-C stops a reply, at the prompt it ends; "
-    "the arrow keys edit the line and recall earlier ones"
+    "/clear forgets the conversation; /exit, Ctrl-D or Ctrl-C at the prompt end the session (exit 0); "
+    "Ctrl-C during a reply stops it; the arrow keys edit the line and recall earlier ones"
 )
 
 
@@ -60,9 +60,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_conversation_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("conversation")
+    group = parser.add_argument_group("conversation (gufo chat, gufo run -cnv)")
     group.add_argument(
-        "-sys", "--system-prompt", "--system", dest="system_prompt", default=None, help="system prompt"
+        "-sys",
+        "--system-prompt",
+        "--system",
+        dest="system_prompt",
+        metavar="TEXT",
+        default=None,
+        help="system prompt: the conversation's first message (kept by /clear)",
     )
     group.add_argument(
         "--chat-template",
