@@ -73,13 +73,17 @@ def test_turns_history_and_clear_with_a_template_file(capsys, monkeypatch, tmp_p
 
 
 def test_run_cnv_takes_the_system_prompt_then_p_as_the_first_turn(capsys, monkeypatch, tmp_path):
+    """-sys then -p render as the golden prompt; a turn that overflows the context (-c 8: the golden
+    prompt's 5 tokens and the 2 of the reply leave one) is refused in a line, and the session goes on."""
     template = tmp_path / "contents.jinja"
     template.write_text(CONTENTS_TEMPLATE)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("and what is the capital of Italy?\n"))
     system, turn = paris().rsplit(" ", 1)  # "The capital of France", "is"
-    args = ("-m", "smollm2-135m", "--chat-template", str(template), "-n", "2", "--temp", "0")
+    args = ("-m", "smollm2-135m", "--chat-template", str(template), "-n", "2", "--temp", "0", "-c", "8")
     code, out, err = gufo(capsys, "run", *args, "-cnv", "-sys", system + " ", "-p", turn, "--no-show-timings")
-    assert code == 0 and out == " Paris.\n" and err == ""
+    assert code == 0 and out == " Paris.\n"
+    assert err.startswith("gufo: the conversation of ") and err.count("\n") == 1
+    assert " tokens fills the context size 8: /clear starts over" in err
 
 
 @pytest.mark.parametrize(

@@ -20,13 +20,15 @@ from gufo.cli.common import (
     sampling_params,
     speculative_params,
 )
-from gufo.engine.engine import GenerationResult
+from gufo.engine.engine import Engine, GenerationResult
 from gufo.engine.loader import open_checked
-from gufo.engine.speculative import make_speculator
+from gufo.engine.sampling import SamplingParams
+from gufo.engine.speculative import Speculator, make_speculator
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import CHAT_MODEL
 from gufo.parallel.engine import follows
 from gufo.parallel.mirror import follow
+from gufo.tokenizer import Tokenizer
 from gufo.tokenizer.chat import BUILTIN_TEMPLATES
 
 TEMPLATE_KEY = "tokenizer.chat_template"
@@ -122,7 +124,7 @@ def sigint_stops_reply() -> Iterator[Callable[[], bool]]:
     whether a stop was asked for. The handler only sets a flag, so no model step is cut in the middle."""
     requested = threading.Event()
 
-    def handler(signum, frame) -> None:
+    def handler(signum: int, frame: object) -> None:
         if requested.is_set():
             raise KeyboardInterrupt
         requested.set()
@@ -134,7 +136,9 @@ def sigint_stops_reply() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def stream_reply(generator, tokenizer, ids: list[int], budget: int, params) -> tuple[str, GenerationResult]:
+def stream_reply(
+    generator: Engine | Speculator, tokenizer: Tokenizer, ids: list[int], budget: int, params: SamplingParams
+) -> tuple[str, GenerationResult]:
     """Generate a reply to the rendered conversation `ids` and print it as it comes: its text (what was
     printed until Ctrl-C, if that stopped it) and the generation's result."""
     stream = tokenizer.stream_decoder()
@@ -204,7 +208,7 @@ def converse(args: argparse.Namespace, first_turn: str | None = None) -> int:
     messages = list(system)
     terminal = sys.stdin.isatty()
     if terminal:
-        print(f"gufo chat: {KEYS}", file=sys.stderr)
+        print(KEYS, file=sys.stderr)
     for line in read_turns(terminal, first_turn):
         command = line.strip()
         if command == EXIT_COMMAND:
