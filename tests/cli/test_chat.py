@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from gufo.cli.chat import PROMPT
-from tests.conftest import HANG_GUARD_S, REPO, golden, gufo
+from tests.conftest import DEVICE, HANG_GUARD_S, REPO, golden, gufo
 
 # the conversation as plain text, the contents one after the other
 CONTENTS_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -102,8 +102,9 @@ def test_run_refuses_the_other_modes_flags(capsys, args, line):
 @pytest.fixture(scope="module")
 def engine():
     from gufo.engine.engine import Engine
+    from gufo.options import RunOptions
 
-    return Engine("smollm2-135m", context=256)
+    return Engine("smollm2-135m", options=RunOptions(device=DEVICE), context=256)  # GPUs: graph replays
 
 
 @pytest.mark.parametrize("speculative", [None, "ngram"])
