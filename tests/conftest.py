@@ -50,6 +50,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/bench/test_bench_cli.py": ("golden",),
     "tests/cli/": ("golden",),
     "tests/cli/test_cli.py::test_bad_flag_is_usage_error": ("system",),
+    "tests/cli/test_chat.py::test_terminal_session_ctrl_c_history_and_ctrl_d": ("golden", "system"),
     "tests/cli/test_startup.py": ("system",),
     "tests/cli/test_startup.py::test_a_flag_is_never_taken_as_a_prefix_of_another": ("unit",),
     "tests/engine/": ("golden",),

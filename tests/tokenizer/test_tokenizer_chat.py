@@ -7,7 +7,7 @@ import pytest
 from tokenizer_oracles import TEMPLATES_DIR, metadata_of, model_file, model_tokenizer, vocab_tokenizer
 
 from gufo.errors import BadInputError
-from gufo.tokenizer.chat import render
+from gufo.tokenizer.chat import BUILTIN_TEMPLATES, render
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},
@@ -139,3 +139,16 @@ def test_strftime_now_and_bad_template() -> None:
     assert render("{{ strftime_now('%Y') | length }}", [], False) == "4"
     with pytest.raises(BadInputError, match="chat template"):
         render("{% for %}", [], False)
+
+
+def test_builtin_llama3_template() -> None:
+    # Meta's Llama 3 header format, written out by hand from the model card
+    out = render(BUILTIN_TEMPLATES["llama3"], CONVERSATION, True, bos_token="<|begin_of_text|>")
+    assert out == (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert render(BUILTIN_TEMPLATES["chatml"], CONVERSATION, False) == CHATML_CONVERSATION

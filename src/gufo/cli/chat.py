@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from gufo.cli.commands import summary
 from gufo.cli.common import (
@@ -15,65 +20,222 @@ from gufo.cli.common import (
     sampling_params,
     speculative_params,
 )
-from gufo.engine.speculative import make_speculator
+from gufo.engine.engine import Engine, GenerationResult
+from gufo.engine.loader import open_checked
+from gufo.engine.sampling import SamplingParams
+from gufo.engine.speculative import Speculator, make_speculator
 from gufo.errors import BadInputError
+from gufo.gguf.aliases import CHAT_MODEL
+from gufo.parallel.engine import follows
+from gufo.parallel.mirror import follow
+from gufo.tokenizer import Tokenizer
+from gufo.tokenizer.chat import BUILTIN_TEMPLATES
+
+TEMPLATE_KEY = "tokenizer.chat_template"
+PROMPT = "> "
+CLEAR_COMMANDS = ("/clear", "/reset")
+EXIT_COMMAND = "/exit"
+KEYS = (
+    "/clear forgets the conversation; /exit, Ctrl-D or Ctrl-C at the prompt end the session (exit 0); "
+    "Ctrl-C during a reply stops it; the arrow keys edit the line and recall earlier ones"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "chat",
         help=summary("chat"),
-        description="Read user turns from stdin (one line each; /exit or EOF ends, /reset clears the "
-        "history), render the conversation with the GGUF chat template and stream the reply.",
+        description="Read user turns from stdin, one line each, render the conversation with the GGUF chat "
+        "template and stream each reply to stdout; a timing line follows it on stderr. On a terminal: "
+        f"{KEYS}. A reply stopped by Ctrl-C stays in the conversation as far as it went (as in "
+        "llama-cli). A model without a chat template (a base model) is refused unless --chat-template "
+        "gives one.",
     )
     add_engine_flags(parser)
-    parser.add_argument("--system", default=None, help="system prompt")
     parser.add_argument(
         "-n", "--n-predict", type=positive_int, default=512, help="maximum tokens per reply (default 512)"
     )
+    add_conversation_flags(parser)
     add_sampling_flags(parser)
     add_speculative_flags(parser)
     parser.set_defaults(func=run)
 
 
+def add_conversation_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("conversation (gufo chat, gufo run -cnv)")
+    group.add_argument(
+        "-sys",
+        "--system-prompt",
+        "--system",
+        dest="system_prompt",
+        metavar="TEXT",
+        default=None,
+        help="system prompt: the conversation's first message (kept by /clear)",
+    )
+    group.add_argument(
+        "--chat-template",
+        metavar="NAME|FILE",
+        default=None,
+        help=f"render the conversation with a built-in template ({', '.join(BUILTIN_TEMPLATES)}) or a "
+        f"jinja file instead of the GGUF's {TEMPLATE_KEY} (default: the GGUF's; required when it has none)",
+    )
+    group.add_argument(
+        "--show-timings",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after each reply (and `gufo run`'s text), its prompt and generation tokens and tokens per "
+        "second on stderr, as llama-cli prints them (default: on)",
+    )
+    group.add_argument(
+        "--verbose-prompt",
+        action="store_true",
+        help="print each rendered conversation (the chat template's output) on stderr before its reply",
+    )
+
+
+def chat_template(args: argparse.Namespace) -> str | None:
+    """The jinja source --chat-template names, or None for the GGUF's own template. A model without
+    one is refused before its weights load: a base model continues the rendered turns with junk."""
+    choice = args.chat_template
+    names = ", ".join(BUILTIN_TEMPLATES)
+    if choice is None:
+        _, model_file = open_checked(args.model)
+        if model_file.get(TEMPLATE_KEY) is None:
+            raise BadInputError(
+                f"{model_file.label} has no chat template ({TEMPLATE_KEY}): chat with an instruct model "
+                f"(-m {CHAT_MODEL}) or give one with --chat-template NAME|FILE (NAME: {names})"
+            )
+        return None
+    if choice in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[choice]
+    try:
+        return Path(choice).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or err
+        raise BadInputError(
+            f"--chat-template {choice}: not a built-in template ({names}) nor a readable file: {reason}"
+        ) from None
+
+
+@contextmanager
+def sigint_stops_reply() -> Iterator[Callable[[], bool]]:
+    """While a reply streams, Ctrl-C (SIGINT) asks it to stop at its next token, as in llama-cli, instead
+    of ending the session; a second one before it stops does end it (KeyboardInterrupt: exit 130). Yields
+    whether a stop was asked for. The handler only sets a flag, so no model step is cut in the middle."""
+    requested = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield requested.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stream_reply(
+    generator: Engine | Speculator, tokenizer: Tokenizer, ids: list[int], budget: int, params: SamplingParams
+) -> tuple[str, GenerationResult]:
+    """Generate a reply to the rendered conversation `ids` and print it as it comes: its text (what was
+    printed until Ctrl-C, if that stopped it) and the generation's result."""
+    stream = tokenizer.stream_decoder()
+    pieces: list[str] = []
+
+    def emit(token: int) -> None:
+        if token in tokenizer.eog_ids:
+            return
+        pieces.append(stream.push(token))
+        sys.stdout.write(pieces[-1])
+        sys.stdout.flush()
+
+    try:
+        with sigint_stops_reply() as stop_requested:
+            result = generator.generate(ids, budget, params, on_token=emit, should_stop=stop_requested)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")  # the interruption's message on a line of its own
+        raise
+    pieces.append(stream.flush())
+    sys.stdout.write(pieces[-1] + "\n")
+    sys.stdout.flush()
+    return "".join(pieces), result
+
+
+def read_turns(terminal: bool, first: str | None = None) -> Iterator[str]:
+    """The user's turns: `first` (`gufo run -cnv -p`), then a line each from stdin until its end, Ctrl-D
+    or, on a terminal, Ctrl-C at the prompt (llama-cli ends there too). On a terminal, GNU readline
+    edits the line and keeps the history the up arrow recalls."""
+    if terminal:
+        import readline  # noqa: F401 (importing it gives input() line editing and history)
+
+    if first is not None:
+        if terminal:
+            print(PROMPT + first)
+        yield first
+    while True:
+        try:
+            yield input(PROMPT if terminal else "")
+        except (EOFError, KeyboardInterrupt):
+            if terminal:
+                print()  # what follows (the shell's prompt) starts on a line of its own
+            return
+
+
+def timings_line(result: GenerationResult) -> str:
+    return (
+        f"[ Prompt: {len(result.prompt_ids)} tokens, {result.prompt_tps:.1f} t/s | "
+        f"Generation: {len(result.generated_ids)} tokens, {result.generation_tps:.1f} t/s ]"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    return converse(args)
+
+
+def converse(args: argparse.Namespace, first_turn: str | None = None) -> int:
+    """The conversation loop of `gufo chat` and `gufo run -cnv`; `first_turn` is the first user turn."""
     params = sampling_params(args)
     speculative = speculative_params(args)
+    template = chat_template(args)
     engine = make_engine(args)
+    if follows(engine):  # tensor-parallel rank > 0 (`gufo run -cnv -tp N`): run rank 0's steps
+        return follow(engine)
     generator = make_speculator(engine, speculative, args.draft_model) if speculative else engine
     tok = engine.tokenizer
-    base = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(base)
-    interactive = sys.stdin.isatty()
-    while True:
-        if interactive:
-            print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line or line.strip() == "/exit":
-            return 0
-        if line.strip() == "/reset":
-            messages = list(base)
+    system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+    messages = list(system)
+    terminal = sys.stdin.isatty()
+    if terminal:
+        print(KEYS, file=sys.stderr)
+    for line in read_turns(terminal, first_turn):
+        command = line.strip()
+        if command == EXIT_COMMAND:
+            break
+        if command in CLEAR_COMMANDS:
+            messages = list(system)
+            print("conversation cleared", file=sys.stderr)
             continue
-        messages.append({"role": "user", "content": line.rstrip("\n")})
-        prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
+        if not command:
+            continue
+        messages.append({"role": "user", "content": line})
+        prompt = tok.apply_chat_template(messages, add_generation_prompt=True, template=template)
+        if args.verbose_prompt:
+            print(prompt, file=sys.stderr)
         ids = tok.encode(prompt, add_special=True, parse_special=True)
-        stream = tok.stream_decoder()
-        pieces: list[str] = []
-
-        def emit(token: int, stream=stream, pieces=pieces) -> None:
-            if token in tok.eog_ids:
-                return
-            text = stream.push(token)
-            pieces.append(text)
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
-        budget = min(args.n_predict, engine.context - len(ids))
-        if budget <= 0:
-            raise BadInputError(f"conversation of {len(ids)} tokens fills the context size {engine.context}")
-        generator.generate(ids, budget, params, on_token=emit)
-        tail = stream.flush()
-        pieces.append(tail)
-        sys.stdout.write(tail + "\n")
-        sys.stdout.flush()
-        messages.append({"role": "assistant", "content": "".join(pieces)})
+        room = engine.context - len(ids)
+        if room <= 0:
+            messages.pop()
+            print(
+                f"gufo: the conversation of {len(ids)} tokens fills the context size {engine.context}: "
+                "/clear starts over (or give a larger -c)",
+                file=sys.stderr,
+            )
+            continue
+        # a reply stopped by Ctrl-C stays in the conversation as far as it went (llama-cli keeps it too)
+        reply, result = stream_reply(generator, tok, ids, min(args.n_predict, room), params)
+        messages.append({"role": "assistant", "content": reply})
+        if args.show_timings:
+            print(timings_line(result), file=sys.stderr)
+    return 0

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gufo.cli.chat import add_conversation_flags, converse
 from gufo.cli.commands import summary
 from gufo.cli.common import (
     add_engine_flags,
@@ -29,19 +30,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run",
         help=summary("run"),
         description="Generate a continuation of PROMPT and stream it to stdout. A timing line (prompt and "
-        "generation tokens per second) goes to stderr.",
+        "generation tokens per second) goes to stderr. With -cnv (or -i), hold a conversation instead, as "
+        "`gufo chat` does (its flags are under 'conversation').",
     )
     add_engine_flags(parser)
     add_tensor_parallel_flag(parser)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("-p", "--prompt", help="prompt text (BOS is added when the model asks)")
-    source.add_argument("-f", "--file", type=Path, help="read the prompt text from this file")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "-p", "--prompt", help="prompt text (BOS is added when the model asks); with -cnv the first user turn"
+    )
+    source.add_argument(
+        "-f", "--file", type=Path, help="read the prompt text (or -cnv's first turn) from this file"
+    )
+    parser.add_argument(
+        "-cnv",
+        "--conversation",
+        "-i",
+        "--interactive",
+        dest="conversation",
+        action="store_true",
+        help="conversation mode (llama.cpp's -cnv and -i): the `gufo chat` loop, with -p or -f as the first "
+        "user turn and -n as the most tokens per reply",
+    )
     parser.add_argument(
         "-n",
         "--n-predict",
         type=non_negative_int,
         default=128,
-        help="number of tokens to generate (default 128)",
+        help="number of tokens to generate (default 128; with -cnv, per reply)",
     )
     parser.add_argument(
         "--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens"
@@ -55,9 +71,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also print [TokenTrace]: count=N sha256=H of the generated ids, the kernel route of each "
         "op and, with --speculative, [Speculative]: drafted=D accepted=A acceptance=A/D steps=S on stderr",
     )
+    add_conversation_flags(parser)
     add_sampling_flags(parser)
     add_speculative_flags(parser)
     parser.set_defaults(func=run)
+
+
+# the flags of one mode only (-cnv or not): in the other they are refused by name, never ignored
+CONVERSATION_ONLY = {
+    "system_prompt": "-sys",
+    "chat_template": "--chat-template",
+    "verbose_prompt": "--verbose-prompt",
+}
+COMPLETION_ONLY = {"ignore_eos": "--ignore-eos", "no_special": "--no-special", "verbose": "--verbose"}
+
+
+def check_mode(args: argparse.Namespace) -> None:
+    others = COMPLETION_ONLY if args.conversation else CONVERSATION_ONLY
+    given = [flag for dest, flag in others.items() if getattr(args, dest)]
+    if given:
+        raise BadInputError(f"{', '.join(given)}: only {'without' if args.conversation else 'with'} -cnv")
+    if not args.conversation and args.prompt is None and args.file is None:
+        raise BadInputError("one of -p/--prompt and -f/--file is required (or -cnv for a conversation)")
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -70,6 +105,9 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_mode(args)
+    if args.conversation:
+        return converse(args, None if args.prompt is None and args.file is None else read_prompt(args))
     params = sampling_params(args)
     speculative = speculative_params(args)
     engine = make_engine(args)
@@ -92,13 +130,14 @@ def run(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(stream.flush() + "\n")
     sys.stdout.flush()
-    print(
-        f"prompt: {len(prompt_ids)} tokens, {result.prompt_seconds * 1e3:.1f} ms, "
-        f"{result.prompt_tps:.2f} tok/s | "
-        f"generation: {len(result.generated_ids)} tokens, {result.generation_seconds * 1e3:.1f} ms, "
-        f"{result.generation_tps:.2f} tok/s",
-        file=sys.stderr,
-    )
+    if args.show_timings:
+        print(
+            f"prompt: {len(prompt_ids)} tokens, {result.prompt_seconds * 1e3:.1f} ms, "
+            f"{result.prompt_tps:.2f} tok/s | "
+            f"generation: {len(result.generated_ids)} tokens, {result.generation_seconds * 1e3:.1f} ms, "
+            f"{result.generation_tps:.2f} tok/s",
+            file=sys.stderr,
+        )
     if args.verbose:
         routes = " ".join(f"{op}={route}" for op, route in sorted(engine.model.routes().items()))
         print(f"[Routes]: {routes}", file=sys.stderr)

@@ -35,7 +35,7 @@ class GenerationResult:
     generated_ids: list[int] = field(default_factory=list)
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
-    stopped_by: str = "length"  # "eog" or "length"
+    stopped_by: str = "length"  # "eog", "length" or "interrupted" (`should_stop` said so)
 
     @property
     def prompt_tps(self) -> float:
@@ -288,7 +288,11 @@ class Engine:
         stop_at_eog: bool = True,
         on_token: Callable[[int], None] | None = None,
         slot: int = 0,
+        should_stop: Callable[[], bool] | None = None,
     ) -> GenerationResult:
+        """Sample up to `max_tokens` after the prompt, each passed to `on_token` as it comes. After each
+        token, a true `should_stop()` ends generation early (a user's Ctrl-C): the slot then holds the
+        prompt and the tokens before the last, as after any other ending."""
         result, sampler, logits = self.start_generation(prompt_ids, max_tokens, params, slot)
         history = list(prompt_ids)
         started = time.perf_counter()
@@ -303,6 +307,9 @@ class Engine:
                 result.stopped_by = "eog"
                 break
             if step + 1 == max_tokens:
+                break
+            if should_stop is not None and should_stop():
+                result.stopped_by = "interrupted"
                 break
             logits = self.decode(token, position, slot)
             position += 1

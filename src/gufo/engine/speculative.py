@@ -246,6 +246,7 @@ class Speculator:
         stop_at_eog: bool = True,
         on_token: Callable[[int], None] | None = None,
         slot: int = 0,
+        should_stop: Callable[[], bool] | None = None,
     ) -> GenerationResult:
         engine = self.engine
         result, sampler, logits = engine.start_generation(prompt_ids, max_tokens, params, slot)
@@ -262,6 +263,9 @@ class Speculator:
                 on_token(token)
             if stop_at_eog and token in engine.tokenizer.eog_ids:
                 result.stopped_by = "eog"
+                return True
+            if len(out) < max_tokens and should_stop is not None and should_stop():
+                result.stopped_by = "interrupted"
                 return True
             return len(out) == max_tokens
 

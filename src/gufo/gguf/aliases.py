@@ -12,7 +12,8 @@ import platformdirs
 
 from gufo.errors import BadInputError
 
-DEFAULT_MODEL = "gemma3-270m"
+DEFAULT_MODEL = "gemma3-270m"  # a base model: no chat template
+CHAT_MODEL = "smollm2-135m"  # an instruct model, whose GGUF carries a chat template
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Sandboxed environment, ``trim_blocks``/``lstrip_blocks``, loop controls, ``raise_exception``,
 ``strftime_now`` and a ``tojson`` that keeps non-ASCII text; ``bos_token``/``eos_token`` are the
 vocabulary's texts. When the GGUF has no template, gemma-family models get the Gemma turn format
-and all others ChatML (llama.cpp's fallback).
+and all others ChatML (llama.cpp's fallback). BUILTIN_TEMPLATES are the formats a user may name
+instead of the GGUF's template (`gufo chat --chat-template NAME`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ GEMMA_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
+
+# Llama 3's header format (Meta's model card; llama.cpp's built-in "llama3"): every turn's content trimmed.
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + (message['content'] | trim)"
+    " + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+BUILTIN_TEMPLATES = {"chatml": CHATML_TEMPLATE, "gemma": GEMMA_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
 
 
 class TemplateError(Exception):

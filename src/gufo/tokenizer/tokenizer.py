@@ -254,13 +254,18 @@ class Tokenizer:
     # ---- chat --------------------------------------------------------------------------------
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, **variables: Any
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        template: str | None = None,
+        **variables: Any,
     ) -> str:
-        """Render ``messages`` with the model's chat template (a built-in one when the GGUF has
-        none). Like llama.cpp, a leading BOS text is removed when encoding adds BOS itself, so
-        the result is meant for ``encode(prompt, add_special=True, parse_special=True)``."""
+        """Render ``messages`` with ``template`` (jinja source), else the model's chat template (a
+        built-in one when the GGUF has none). Like llama.cpp, a leading BOS text is removed when
+        encoding adds BOS itself, so the result is meant for
+        ``encode(prompt, add_special=True, parse_special=True)``."""
         vocab = self._vocab
-        source = vocab.chat_template or chat.fallback_template(vocab.architecture)
+        source = template or vocab.chat_template or chat.fallback_template(vocab.architecture)
         bos = vocab.special["bos"]
         eos = vocab.special["eos"]
         bos_text = self.token_text(bos) if bos is not None else ""
