@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-import torch
+from typing import TYPE_CHECKING
 
 from gufo.cli.commands import summary
 from gufo.cli.common import (
@@ -20,14 +19,13 @@ from gufo.cli.common import (
 )
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import DEFAULT_MODEL
-from gufo.parallel.engine import follows
-from gufo.parallel.mirror import follow
+from gufo.tools.bench.defaults import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS
 from gufo.tools.bench.lists import parse_int_list, parse_pair, parse_positive_list
-from gufo.tools.bench.machine import build_info
-from gufo.tools.bench.report import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS, make_printer
-from gufo.tools.bench.runner import Progress, plan_tests, with_speculative
-from gufo.tools.bench.session import BenchPlan, EngineCache, preflight, run_benchmarks, run_validations
-from gufo.tools.quality.validate_prefill import PrefillValidation
+
+if TYPE_CHECKING:
+    from gufo.tools.bench.runner import Progress
+    from gufo.tools.bench.session import BenchPlan
+    from gufo.tools.quality.validate_prefill import PrefillValidation
 
 EPILOG = f"""\
 Lists take a,b,c and ranges first-last, first-last+step, first-last*mult (e.g. -p 64-1024*2).
@@ -89,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-t",
         "--threads",
         default=None,
-        help=f"CPU threads (default {torch.get_num_threads()}, torch's default)",
+        help="CPU threads, a list (default: torch's default, usually the number of cores)",
     )
     parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
     parser.add_argument("-o", "--output", choices=FORMATS, default="md", help="format on stdout (default md)")
@@ -130,6 +128,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def make_plan(args: argparse.Namespace) -> BenchPlan:
+    import torch
+
+    from gufo.tools.bench.runner import plan_tests, with_speculative
+    from gufo.tools.bench.session import BenchPlan
+
     names = [name for value in (args.model or [DEFAULT_MODEL]) for name in value.split(",")]
     if not all(names):
         raise BadInputError(f"-m: empty model name in {','.join(args.model)!r}")
@@ -182,6 +185,12 @@ def print_validation(result: PrefillValidation) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gufo.parallel.engine import follows
+    from gufo.parallel.mirror import follow
+    from gufo.tools.bench.machine import build_info
+    from gufo.tools.bench.report import make_printer
+    from gufo.tools.bench.session import EngineCache, preflight, run_benchmarks, run_validations
+
     plan = make_plan(args)
     preflight(plan)
     engines = EngineCache(plan)

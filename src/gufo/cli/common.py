@@ -6,7 +6,7 @@ import argparse
 import os
 import re
 
-from gufo.engine.sampling import SamplingParams
+from gufo.engine.params import SPECULATIVE_MODES, SamplingParams, SpeculativeParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
 from gufo.options import (
@@ -175,13 +175,11 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = False) -> None:
-    from gufo.engine.speculative import MODES, SpeculativeParams
-
     defaults = SpeculativeParams()
     group = parser.add_argument_group("speculative decoding (greedy output identical to plain decoding)")
     group.add_argument(
         "--speculative",
-        choices=MODES,
+        choices=SPECULATIVE_MODES,
         required=required,
         default=None,
         help="draft tokens by prompt lookup (ngram) or with a smaller model (draft, needs --draft-model) "
@@ -213,10 +211,8 @@ def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = Fals
     )
 
 
-def speculative_params(args: argparse.Namespace):
+def speculative_params(args: argparse.Namespace) -> SpeculativeParams | None:
     """SpeculativeParams from the flags, or None without --speculative."""
-    from gufo.engine.speculative import SpeculativeParams
-
     if args.speculative is None:
         if args.draft_model is not None:
             raise BadInputError("--draft-model needs --speculative draft")

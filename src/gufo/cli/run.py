@@ -17,11 +17,7 @@ from gufo.cli.common import (
     sampling_params,
     speculative_params,
 )
-from gufo.engine.speculative import make_speculator
-from gufo.engine.trace import token_trace_line
 from gufo.errors import BadInputError
-from gufo.parallel.engine import follows
-from gufo.parallel.mirror import follow
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -70,6 +66,11 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gufo.engine.speculative import make_speculator
+    from gufo.engine.trace import token_trace_line
+    from gufo.parallel.engine import follows
+    from gufo.parallel.mirror import follow
+
     params = sampling_params(args)
     speculative = speculative_params(args)
     engine = make_engine(args)

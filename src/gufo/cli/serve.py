@@ -17,14 +17,8 @@ from gufo.cli.common import (
     positive_int,
     speculative_params,
 )
-from gufo.engine.speculative import check_draft_model
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL, resolve_model
-from gufo.gguf.model_file import open_model_file
-from gufo.parallel.mirror import follow
-from gufo.parallel.model import preflight
-from gufo.parallel.process_group import launched_rank
-from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
-from gufo.server.settings import ServerSettings
+from gufo.server.settings import DEFAULT_PREFILL_CHUNK, ServerSettings
 
 DEFAULTS = ServerSettings(model_id="")
 
@@ -138,6 +132,12 @@ def model_id(args: argparse.Namespace, path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gufo.engine.speculative import check_draft_model
+    from gufo.gguf.model_file import open_model_file
+    from gufo.parallel.mirror import follow
+    from gufo.parallel.model import preflight
+    from gufo.parallel.process_group import launched_rank
+
     path = resolve_model(args.model)  # a bad -m is one line and exit 2 before anything listens
     speculative = speculative_params(args)  # so are bad speculative flags and a mismatched draft model
     if speculative is not None and speculative.mode == "draft":

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tqdm import tqdm
-
 from gufo.cli.commands import summary
 from gufo.cli.common import positive_int
 from gufo.gguf.aliases import ALIASES, resolve_model
-from gufo.gguf.model_file import open_model_file
-from gufo.tools.synth import MIXES, PRESETS, find_mix, find_preset, plan_synth, write_synth
+from gufo.tools.synth.presets import PRESETS, find_preset
+from gufo.tools.synth.type_mix import MIXES, find_mix
 
 DEFAULT_VOCAB = "smollm2-135m"
 
@@ -63,6 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from gufo.gguf.model_file import open_model_file
+    from gufo.tools.synth.plan import plan_synth
+    from gufo.tools.synth.writer import write_synth
+
     shape = find_preset(args.arch, args.preset)
     mix = find_mix(args.qtype)
     if args.layers is not None:

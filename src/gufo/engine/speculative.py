@@ -25,29 +25,13 @@ from typing import Protocol
 import torch
 
 from gufo.engine.engine import Engine, GenerationResult
+from gufo.engine.params import SpeculativeParams
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import ModelFile, open_model_file
 
-MODES = ("ngram", "draft")
 NGRAM_MAX = 4  # longest n-gram prompt lookup tries before shorter ones (at least --ngram-min)
-
-
-@dataclass(frozen=True)
-class SpeculativeParams:
-    mode: str = "ngram"
-    draft_max: int = 8
-    draft_min: int = 1  # drafts shorter than this are not verified
-    ngram_min: int = 2
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise BadInputError(f"--speculative: unknown mode {self.mode!r} (known: {', '.join(MODES)})")
-        if self.draft_max < 1 or self.draft_min < 0 or self.ngram_min < 1:
-            raise BadInputError("--draft-max and --ngram-min must be >= 1, --draft-min >= 0")
-        if self.draft_min > self.draft_max:
-            raise BadInputError(f"--draft-min {self.draft_min} exceeds --draft-max {self.draft_max}")
 
 
 @dataclass
