@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 
+from gufo.cli.progress import add_progress_flags, load_reported
 from gufo.engine.params import SPECULATIVE_MODES, SamplingParams, SpeculativeParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
@@ -20,21 +21,22 @@ from gufo.options import (
 )
 
 
-def _int_at_least(minimum: int, wording: str):
+def _int_in(minimum: int, wording: str, maximum: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"expected {wording}, got {text!r}")
         return value
 
     return parse
 
 
-positive_int = _int_at_least(1, "a positive integer")
-non_negative_int = _int_at_least(0, "an integer >= 0")
+positive_int = _int_in(1, "a positive integer")
+non_negative_int = _int_in(0, "an integer >= 0")
+port_number = _int_in(0, "a TCP port number 0-65535", 65535)
 
 
 def positive_float(text: str) -> float:
@@ -87,6 +89,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="CPU threads (default: torch's default, usually the number of cores)",
     )
     add_eager_flag(parser)
+    add_progress_flags(parser)
 
 
 TENSOR_PARALLEL_HELP = (
@@ -241,14 +244,16 @@ def make_engine(args: argparse.Namespace, n_slots: int = 1):
     """The engine the flags ask for (this process's rank of it with --tensor-parallel N)."""
     from gufo.parallel.engine import open_engine
 
-    return open_engine(
-        args.model,
-        run_options(args, args.threads),
-        getattr(args, "tensor_parallel", 1),
-        context=args.ctx_size,
-        n_slots=n_slots,
-        batch_size=args.batch_size,
-    )
+    with load_reported(args, args.model or DEFAULT_MODEL) as progress:
+        return open_engine(
+            args.model,
+            run_options(args, args.threads),
+            getattr(args, "tensor_parallel", 1),
+            context=args.ctx_size,
+            n_slots=n_slots,
+            batch_size=args.batch_size,
+            progress=progress,
+        )
 
 
 def parse_id_list(text: str, flag: str) -> list[int]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 from gufo import __version__
 from gufo.cli.commands import COMMANDS
+from gufo.cli.progress import configure_logging
 from gufo.errors import GufoError
 
 
@@ -85,10 +85,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(requested_command(argv))
     args = parser.parse_args(argv)
+    configure_logging(args)
     try:
         return int(args.func(args) or 0)
     except GufoError as err:

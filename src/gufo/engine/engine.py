@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gufo.engine.loader import load_model, open_checked
+from gufo.engine.loader import LoadProgress, load_model, open_checked
 from gufo.engine.memory import peak_memory_bytes
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
@@ -66,7 +66,9 @@ class Engine:
         context: int | None = None,
         n_slots: int = 1,
         batch_size: int = DEFAULT_BATCH,
+        progress: LoadProgress | None = None,
     ):
+        """`progress` hears how many tensor bytes the model has read while it loads."""
         self.path, self.file = open_checked(model)
         self.options = options = options or RunOptions()
         self.device = self._device(options.device)
@@ -74,7 +76,7 @@ class Engine:
         if options.threads:
             torch.set_num_threads(options.threads)
         self.tokenizer = Tokenizer.from_gguf(self.file.metadata)
-        self.model, self.load_seconds = load_model(self.file, self.backend, self._build)
+        self.model, self.load_seconds = load_model(self.file, self.backend, self._build, progress)
         cfg = self.model.config
         self.context = min(context or DEFAULT_CONTEXT, cfg.context_length)
         if batch_size <= 0:

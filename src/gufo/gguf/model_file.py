@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ class ModelFile:
         # (gufo.models.registry.check_fully_read).
         self.used_tensors: set[str] = set()
         self.read_keys: set[str] = set()
+        # told of each tensor the first time the model asks for it (a load's progress)
+        self.on_first_read: Callable[[TensorInfo], None] | None = None
         self.tensors: dict[str, TensorInfo] = {}
         for raw in header.tensors:
             if raw.name in self.tensors:
@@ -116,8 +119,12 @@ class ModelFile:
     def tensor(self, name: str) -> TensorInfo:
         if name not in self.tensors:
             raise BadInputError(f"{self.label}: required tensor '{name}' is missing")
-        self.used_tensors.add(name)
-        return self.tensors[name]
+        info = self.tensors[name]
+        if name not in self.used_tensors:
+            self.used_tensors.add(name)
+            if self.on_first_read is not None:
+                self.on_first_read(info)
+        return info
 
     def optional_tensor(self, name: str) -> TensorInfo | None:
         """The tensor when the file has it (e.g. a projection's bias), else None."""
