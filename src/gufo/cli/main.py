@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from gufo import __version__
@@ -84,7 +85,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# OpenMP threads that wait at a barrier spin by default (libgomp: for about 300k spins), which on a busy
+# machine steals the cores the other threads need: gemma3-270m decoded at 0.45-1.78 tok/s with 2 threads
+# on a loaded 2-core machine, 23 with passive waiting (docs/BENCHMARKS.md, "CPU threads"). Read by the
+# OpenMP runtime when torch loads it, so set before any command imports torch; the user's value wins.
+WAIT_POLICY = ("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault(*WAIT_POLICY)
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(requested_command(argv))
     args = parser.parse_args(argv)
