@@ -16,7 +16,9 @@ from gufo.cli.common import (
     positive_int,
     run_options,
     speculative_params,
+    warn_about_threads,
 )
+from gufo.cli.compat import add_device_flags, add_llama_compat_flags
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import DEFAULT_MODEL
 from gufo.tools.bench.defaults import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS
@@ -87,9 +89,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-t",
         "--threads",
         default=None,
-        help="CPU threads, a list (default: torch's default, usually the number of cores)",
+        help="CPU threads, a list (default: torch's, the number of cores; idle threads sleep rather than "
+        "spin unless OMP_WAIT_POLICY says otherwise)",
     )
-    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
+    add_device_flags(parser)
     parser.add_argument("-o", "--output", choices=FORMATS, default="md", help="format on stdout (default md)")
     parser.add_argument(
         "-oe",
@@ -99,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also print results in this format on stderr",
     )
     add_eager_flag(parser)
+    add_llama_compat_flags(parser, mlock=False)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each test")
     parser.add_argument(
         "--progress",
@@ -142,6 +146,8 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
         [parse_pair(text, "-pg") for text in args.prompt_gen],
         parse_int_list(args.n_depth, "-d"),
     )
+    threads = parse_positive_list(args.threads, "-t") if args.threads else [torch.get_num_threads()]
+    warn_about_threads(threads)
     speculative = speculative_params(args)
     if speculative is not None:
         tests = with_speculative(tests, speculative.mode)
@@ -158,7 +164,7 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
     return BenchPlan(
         models=names,
         tests=tests,
-        threads=parse_positive_list(args.threads, "-t") if args.threads else [torch.get_num_threads()],
+        threads=threads,
         batches=parse_positive_list(args.batch_size, "-b"),
         ubatches=parse_positive_list(args.ubatch_size, "-ub"),
         repetitions=args.repetitions,

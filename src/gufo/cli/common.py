@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 
+from gufo.cli.compat import add_device_flags, add_llama_compat_flags, check_llama_compat, device, lock_memory
 from gufo.cli.progress import add_progress_flags, load_reported
 from gufo.engine.params import SPECULATIVE_MODES, SamplingParams, SpeculativeParams
 from gufo.errors import BadInputError
@@ -20,8 +22,12 @@ from gufo.options import (
     RunOptions,
 )
 
+log = logging.getLogger(__name__)
 
-def _int_in(minimum: int, wording: str, maximum: int | None = None):
+
+def int_in(minimum: int, wording: str, maximum: int | None = None):
+    """An argparse type: whole numbers from `minimum` (to `maximum`), else `expected {wording}`."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -34,9 +40,9 @@ def _int_in(minimum: int, wording: str, maximum: int | None = None):
     return parse
 
 
-positive_int = _int_in(1, "a positive integer")
-non_negative_int = _int_in(0, "an integer >= 0")
-port_number = _int_in(0, "a TCP port number 0-65535", 65535)
+positive_int = int_in(1, "a positive integer")
+non_negative_int = int_in(0, "an integer >= 0")
+port_number = int_in(0, "a TCP port number 0-65535", 65535)
 
 
 def positive_float(text: str) -> float:
@@ -64,7 +70,7 @@ def add_model_flag(parser: argparse.ArgumentParser, required: bool = False) -> N
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flag(parser)
-    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
+    add_device_flags(parser)
     parser.add_argument(
         "-c",
         "--ctx-size",
@@ -86,10 +92,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=positive_int,
         default=None,
-        help="CPU threads (default: torch's default, usually the number of cores)",
+        help="CPU threads (default: torch's, the number of cores; idle threads sleep rather than spin, "
+        "unless OMP_WAIT_POLICY says otherwise, so the default holds up on a busy machine)",
     )
     add_eager_flag(parser)
     add_progress_flags(parser)
+    add_llama_compat_flags(parser)
 
 
 TENSOR_PARALLEL_HELP = (
@@ -134,6 +142,17 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def warn_about_threads(counts: list[int]) -> None:
+    """One warning line when a thread count exceeds the cores this process may run on: the threads
+    then take turns on the cores, and every barrier waits for the slowest."""
+    cores = len(os.sched_getaffinity(0))
+    over = max(counts, default=0)
+    if over > cores:
+        log.warning(
+            "-t %d exceeds the %d CPU cores this process may use: expect it to run slower", over, cores
+        )
+
+
 def run_options(args: argparse.Namespace, threads: int | None = None) -> RunOptions:
     """RunOptions from the flags, the environment variables standing in for flags not given."""
     kernels = KernelOptions.from_environment(os.environ)
@@ -141,7 +160,10 @@ def run_options(args: argparse.Namespace, threads: int | None = None) -> RunOpti
         kernels = KernelOptions(args.int8_min_weights, kernels.dependent_launch)
     if args.dependent_launch is not None:
         kernels = KernelOptions(kernels.int8_min_weights, args.dependent_launch == "on")
-    return RunOptions(device=args.device, graphs=not args.eager, threads=threads, kernels=kernels)
+    check_llama_compat(args)
+    return RunOptions(
+        device=device(args), graphs=not args.eager, threads=threads, kernels=kernels, mmap=not args.no_mmap
+    )
 
 
 # (flag, SamplingParams field, parser, help) for the flags that map one-to-one onto a field.
@@ -244,16 +266,22 @@ def make_engine(args: argparse.Namespace, n_slots: int = 1):
     """The engine the flags ask for (this process's rank of it with --tensor-parallel N)."""
     from gufo.parallel.engine import open_engine
 
+    if args.threads is not None:
+        warn_about_threads([args.threads])
+    options = run_options(args, args.threads)
     with load_reported(args, args.model or DEFAULT_MODEL) as progress:
-        return open_engine(
+        engine = open_engine(
             args.model,
-            run_options(args, args.threads),
+            options,
             getattr(args, "tensor_parallel", 1),
             context=args.ctx_size,
             n_slots=n_slots,
             batch_size=args.batch_size,
             progress=progress,
         )
+    if args.mlock:
+        lock_memory()
+    return engine
 
 
 def parse_id_list(text: str, flag: str) -> list[int]:

@@ -28,6 +28,9 @@ from gufo.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+# told each generated token as it comes; returning True ends the generation after it (stopped_by "stop")
+OnToken = Callable[[int], bool | None]
+
 
 @dataclass
 class GenerationResult:
@@ -35,7 +38,7 @@ class GenerationResult:
     generated_ids: list[int] = field(default_factory=list)
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
-    stopped_by: str = "length"  # "eog" or "length"
+    stopped_by: str = "length"  # "eog", "stop" (on_token asked) or "length"
 
     @property
     def prompt_tps(self) -> float:
@@ -69,8 +72,8 @@ class Engine:
         progress: LoadProgress | None = None,
     ):
         """`progress` hears how many tensor bytes the model has read while it loads."""
-        self.path, self.file = open_checked(model)
         self.options = options = options or RunOptions()
+        self.path, self.file = open_checked(model, options.mmap)
         self.device = self._device(options.device)
         self.backend = backends.select(self.device, options.kernels)
         if options.threads:
@@ -288,7 +291,7 @@ class Engine:
         max_tokens: int,
         params: SamplingParams,
         stop_at_eog: bool = True,
-        on_token: Callable[[int], None] | None = None,
+        on_token: OnToken | None = None,
         slot: int = 0,
     ) -> GenerationResult:
         result, sampler, logits = self.start_generation(prompt_ids, max_tokens, params, slot)
@@ -299,8 +302,9 @@ class Engine:
             token = sampler(logits, history)
             result.generated_ids.append(token)
             history.append(token)
-            if on_token is not None:
-                on_token(token)
+            if on_token is not None and on_token(token):
+                result.stopped_by = "stop"
+                break
             if stop_at_eog and token in self.tokenizer.eog_ids:
                 result.stopped_by = "eog"
                 break

@@ -17,11 +17,12 @@ ModelBuilder = Callable[[ModelFile, str], Any]
 LoadProgress = Callable[[int, int], None]
 
 
-def open_checked(model: str | Path | None) -> tuple[Path, ModelFile]:
-    """The resolved path (an alias, a file, or the default model) and its file, memory-mapped; refused
-    with one line when its architecture or a tensor's block format is not implemented."""
+def open_checked(model: str | Path | None, mapped: bool = True) -> tuple[Path, ModelFile]:
+    """The resolved path (an alias, a file, or the default model) and its file, memory-mapped unless
+    `mapped` is False; refused with one line when its architecture or a tensor's block format is not
+    implemented."""
     path = resolve_model(str(model) if model is not None else None)
-    model_file = open_model_file(path)
+    model_file = open_model_file(path, mapped)
     check_architecture(model_file)
     check_supported_types(model_file)
     return path, model_file

@@ -18,13 +18,13 @@ the kept tokens again, which costs a full model pass per token; a checkpoint cop
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
 
-from gufo.engine.engine import Engine, GenerationResult
+from gufo.engine.engine import Engine, GenerationResult, OnToken
 from gufo.engine.params import SpeculativeParams
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
@@ -228,7 +228,7 @@ class Speculator:
         max_tokens: int,
         params: SamplingParams,
         stop_at_eog: bool = True,
-        on_token: Callable[[int], None] | None = None,
+        on_token: OnToken | None = None,
         slot: int = 0,
     ) -> GenerationResult:
         engine = self.engine
@@ -242,8 +242,9 @@ class Speculator:
             """Record a token; True when generation ends with it."""
             out.append(token)
             history.append(token)
-            if on_token is not None:
-                on_token(token)
+            if on_token is not None and on_token(token):
+                result.stopped_by = "stop"
+                return True
             if stop_at_eog and token in engine.tokenizer.eog_ids:
                 result.stopped_by = "eog"
                 return True

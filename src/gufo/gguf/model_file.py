@@ -41,13 +41,14 @@ class TensorInfo:
 
 
 class ModelFile:
-    """A validated GGUF file: metadata as Python values and memory-mapped tensors."""
+    """A validated GGUF file: metadata as Python values and memory-mapped tensors (`mapped` False: the
+    file is read into memory instead, llama.cpp's --no-mmap)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, mapped: bool = True):
         self.path = path
         self.label = path.name
         with open(path, "rb") as handle:
-            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if mapped else handle.read()
         self.file_size = len(self._map)
         try:
             header = parse_header(self._map)
@@ -137,8 +138,9 @@ class ModelFile:
         return sum(t.n_elements for t in self.tensors.values())
 
 
-def open_model_file(path: str | os.PathLike[str]) -> ModelFile:
-    """Open and validate a GGUF file; every problem becomes one BadInputError line naming the file."""
+def open_model_file(path: str | os.PathLike[str], mapped: bool = True) -> ModelFile:
+    """Open and validate a GGUF file (memory-mapped unless `mapped` is False); every problem becomes
+    one BadInputError line naming the file."""
     path = Path(path)
     try:
         size = os.path.getsize(path)
@@ -155,4 +157,4 @@ def open_model_file(path: str | os.PathLike[str]) -> ModelFile:
     version = int.from_bytes(head[4:8], "little")
     if version not in SUPPORTED_VERSIONS:
         raise BadInputError(f"{path.name}: GGUF version {version} is not supported (supported: 2, 3)")
-    return ModelFile(path)
+    return ModelFile(path, mapped)
