@@ -66,6 +66,7 @@ class RunOptions:
     graphs: bool = True  # GPU decode steps and full prefill chunks replay captured CUDA graphs
     threads: int | None = None  # CPU threads (torch's default when None)
     kernels: KernelOptions = field(default_factory=KernelOptions)
+    mmap: bool = True  # the GGUF file is memory-mapped (False: read into memory, llama.cpp's --no-mmap)
 
     def record(self) -> dict[str, object]:
         """The options as a flat JSON-ready dict (bench rows carry it next to `routes`)."""

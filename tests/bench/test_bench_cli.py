@@ -116,7 +116,8 @@ def test_rows_carry_the_run_options_from_flags_and_environment(capsys, monkeypat
     assert code == 0
     (row,) = json.loads(out)
     assert row["options"] == {
-        "device": "cpu", "graphs": False, "threads": None, "int8_min_weights": 4096, "dependent_launch": False
+        "device": "cpu", "graphs": False, "threads": None, "mmap": True, "int8_min_weights": 4096,
+        "dependent_launch": False,
     }  # fmt: skip
     code, out, _ = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1",
                         "--int8-min-weights", "0", "-o", "json")  # fmt: skip

@@ -118,17 +118,17 @@ def test_ctrl_c_stops_a_reply_and_leaves_the_engine_fit_for_the_next(engine, spe
     greedy = SamplingParams(temperature=0.0)
     seen: list[int] = []
 
-    def press_ctrl_c_at_the_third(token: int) -> None:
-        seen.append(token)
-        if len(seen) == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-
     with sigint_stops_reply() as stop_requested:
-        stopped = generator.generate(
-            prompt["prompt_ids"], 32, greedy, on_token=press_ctrl_c_at_the_third, should_stop=stop_requested
-        )
-    # the handler has run before the generator asks, right after the token it came in
-    assert stopped.stopped_by == "interrupted" and stopped.generated_ids == seen and len(seen) == 3
+
+        def press_ctrl_c_at_the_third(token: int) -> bool:
+            seen.append(token)
+            if len(seen) == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return stop_requested()  # as the chat's printer answers
+
+        stopped = generator.generate(prompt["prompt_ids"], 32, greedy, on_token=press_ctrl_c_at_the_third)
+    # the handler has run before the callback asks, right after the token it came in
+    assert stopped.stopped_by == "stop" and stopped.generated_ids == seen and len(seen) == 3
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the session's Ctrl-C again
     # the next turn on the same slot: llama.cpp's greedy tokens, as far as they are unambiguous
     robust = next(i for i, m in enumerate(prompt["greedy_top1_minus_top2"]) if m < 1.0)

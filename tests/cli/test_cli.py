@@ -123,6 +123,4 @@ def test_bad_flag_is_usage_error():
         timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.splitlines() == [
-        "gufo: error: unrecognized arguments: --no-such-flag (see gufo --help)"
-    ]
+    assert proc.stderr.splitlines() == ["gufo run: error: unknown flag --no-such-flag (see gufo run --help)"]

@@ -12,7 +12,9 @@ from gufo.engine.engine import Engine
 from gufo.options import RunOptions
 from gufo.tools.quality.logit_diff import compare_logits
 from gufo.tools.quality.validate_prefill import validate_prefill
-from gufo.tools.synth import find_mix, find_preset, plan_qwen3, write_synth
+from gufo.tools.synth.presets import find_preset
+from gufo.tools.synth.type_mix import find_mix
+from gufo.tools.synth.writer import plan_qwen3, write_synth
 
 pytestmark = pytest.mark.gpu
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -13,10 +14,12 @@ import time
 import urllib.error
 import urllib.request
 
+import gguf
 import pytest
 
 from gufo.server.run import listen
 from tests.conftest import HANG_GUARD_S, gufo
+from tests.gguf.test_model_file import write_tiny
 from tests.server.conftest import MODEL
 
 
@@ -39,6 +42,42 @@ def test_bad_flag_value_is_a_usage_error(capsys):
         gufo(capsys, "serve", "--request-timeout", "0")
     err = capsys.readouterr().err
     assert exited.value.code == 2 and "--request-timeout" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "http"])
+def test_port_outside_the_tcp_range_is_a_usage_error(capsys, port):
+    """--port 70000 was a traceback from bind() (OverflowError)."""
+    with pytest.raises(SystemExit) as exited:
+        gufo(capsys, "serve", "--port", port)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gufo serve: error: argument --port: expected a TCP port number 0-65535, got '{port}' "
+        "(see gufo serve --help)"
+    ]
+
+
+def test_port_in_use_is_bad_input(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = gufo(capsys, "serve", "-m", MODEL, "--port", str(port))
+    assert code == 2
+    assert err.splitlines() == [f"gufo: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+
+
+def test_truncated_model_is_refused_before_listening(capsys, tmp_path):
+    """It listened, then the load failed in the background with uvicorn's lines around the error."""
+    good = write_tiny(tmp_path / "good.gguf")
+    last = max(gguf.GGUFReader(good).tensors, key=lambda t: t.data_offset)  # oracle: the gguf package
+    end = last.data_offset + last.n_bytes
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(good.read_bytes()[: end - 64])
+    code, _, err = gufo(capsys, "serve", "-m", str(truncated), "--port", "0")  # returns: nothing served
+    assert code == 2
+    assert err.splitlines() == [
+        f"gufo: error: truncated.gguf: tensor {last.name} ends at byte {end}, file has {end - 64}"
+    ]
 
 
 def start_serve(*flags: str) -> tuple[subprocess.Popen, str]:
@@ -69,6 +108,7 @@ def start_serve(*flags: str) -> tuple[subprocess.Popen, str]:
 def test_serve_process_answers_and_stops_on_interrupt():
     proc, url = start_serve()
     try:
+        assert proc.stderr.readline() == f"gufo: ready: {MODEL} answers on {url}/v1\n"  # once loaded
         with urllib.request.urlopen(f"{url}/v1/models", timeout=HANG_GUARD_S) as response:
             assert [m["id"] for m in json.load(response)["data"]] == [MODEL]
         proc.send_signal(signal.SIGINT)  # uvicorn shuts down, then the CLI reports the interrupt

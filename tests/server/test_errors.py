@@ -57,7 +57,7 @@ def test_401_without_the_right_key_on_every_route(server, method, path, auth):
         (json.dumps(chat(messages=[])).encode(), "messages", "messages"),
         (json.dumps(chat(messages=[{"role": "wizard", "content": "x"}])).encode(), "messages.0.role", "role"),
         (json.dumps(chat(max_tokens=0)).encode(), "max_tokens", "max_tokens"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(), "model", "model"),
+        (json.dumps(chat(model=5)).encode(), "model", "model"),
         (b"[1, 2, 3]", None, "request body"),
     ],
 )
@@ -78,6 +78,13 @@ def test_404_unknown_model_and_route(server):
     assert error["param"] == "model" and "gpt-4" in error["message"]
     error = assert_error(*server.request("GET", "/v1/engines"), 404, "not_found")
     assert "/v1/engines" in error["message"]
+
+
+def test_a_request_without_model_gets_the_served_one(server):
+    """llama-server's clients often leave `model` out: it is optional, the server has one model."""
+    status, body = server.request("POST", CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200, body
+    assert body["model"] == MODEL and body["choices"][0]["message"]["role"] == "assistant"
 
 
 def test_413_body_over_the_limit(server):

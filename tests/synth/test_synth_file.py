@@ -16,7 +16,9 @@ from gufo.cli.main import main
 from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import open_model_file
-from gufo.tools.synth import find_mix, find_preset, plan_qwen3, tensor_type, write_synth
+from gufo.tools.synth.presets import find_preset
+from gufo.tools.synth.type_mix import find_mix, tensor_type
+from gufo.tools.synth.writer import plan_qwen3, write_synth
 
 # Qwen/Qwen3-*/config.json: hidden_size, num_hidden_layers, intermediate_size, num_attention_heads,
 # num_key_value_heads, tie_word_embeddings (all: head_dim 128, rope_theta 1e6, rms_norm_eps 1e-6,

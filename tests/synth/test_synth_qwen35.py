@@ -14,7 +14,9 @@ from gguf.quants import dequantize
 from gufo.cli.main import main
 from gufo.engine.engine import Engine
 from gufo.tools.quality.validate_prefill import validate_prefill
-from gufo.tools.synth import find_mix, find_preset, plan_synth
+from gufo.tools.synth.plan import plan_synth
+from gufo.tools.synth.presets import find_preset
+from gufo.tools.synth.type_mix import find_mix
 
 # Qwen/Qwen3.5-0.8B and Qwen/Qwen3.5-27B config.json, text_config (both: linear_num_key_heads 16,
 # linear_key_head_dim = linear_value_head_dim = 128, linear_conv_kernel_dim 4, full_attention_interval 4,

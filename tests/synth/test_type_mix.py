@@ -10,7 +10,8 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from gufo.errors import BadInputError
-from gufo.tools.synth import MIXES, Qwen3Shape, find_mix, tensor_type
+from gufo.tools.synth.presets import Qwen3Shape
+from gufo.tools.synth.type_mix import MIXES, find_mix, tensor_type
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "llama_quantize_types.json").read_text())
 CASES = [(model, name) for model in FIXTURE["models"] for name in model["mixes"]]

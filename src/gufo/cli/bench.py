@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-import torch
+from typing import TYPE_CHECKING
 
 from gufo.cli.commands import summary
 from gufo.cli.common import (
@@ -17,17 +16,18 @@ from gufo.cli.common import (
     positive_int,
     run_options,
     speculative_params,
+    warn_about_threads,
 )
+from gufo.cli.compat import add_device_flags, add_llama_compat_flags
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import DEFAULT_MODEL
-from gufo.parallel.engine import follows
-from gufo.parallel.mirror import follow
+from gufo.tools.bench.defaults import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS
 from gufo.tools.bench.lists import parse_int_list, parse_pair, parse_positive_list
-from gufo.tools.bench.machine import build_info
-from gufo.tools.bench.report import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, FORMATS, make_printer
-from gufo.tools.bench.runner import Progress, plan_tests, with_speculative
-from gufo.tools.bench.session import BenchPlan, EngineCache, preflight, run_benchmarks, run_validations
-from gufo.tools.quality.validate_prefill import PrefillValidation
+
+if TYPE_CHECKING:
+    from gufo.tools.bench.runner import Progress
+    from gufo.tools.bench.session import BenchPlan
+    from gufo.tools.quality.validate_prefill import PrefillValidation
 
 EPILOG = f"""\
 Lists take a,b,c and ranges first-last, first-last+step, first-last*mult (e.g. -p 64-1024*2).
@@ -89,9 +89,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-t",
         "--threads",
         default=None,
-        help=f"CPU threads (default {torch.get_num_threads()}, torch's default)",
+        help="CPU threads, a list (default: torch's, the number of cores; idle threads sleep rather than "
+        "spin unless OMP_WAIT_POLICY says otherwise)",
     )
-    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
+    add_device_flags(parser)
     parser.add_argument("-o", "--output", choices=FORMATS, default="md", help="format on stdout (default md)")
     parser.add_argument(
         "-oe",
@@ -101,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also print results in this format on stderr",
     )
     add_eager_flag(parser)
+    add_llama_compat_flags(parser, mlock=False)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each test")
     parser.add_argument(
         "--progress",
@@ -130,6 +132,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def make_plan(args: argparse.Namespace) -> BenchPlan:
+    import torch
+
+    from gufo.tools.bench.runner import plan_tests, with_speculative
+    from gufo.tools.bench.session import BenchPlan
+
     names = [name for value in (args.model or [DEFAULT_MODEL]) for name in value.split(",")]
     if not all(names):
         raise BadInputError(f"-m: empty model name in {','.join(args.model)!r}")
@@ -139,6 +146,8 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
         [parse_pair(text, "-pg") for text in args.prompt_gen],
         parse_int_list(args.n_depth, "-d"),
     )
+    threads = parse_positive_list(args.threads, "-t") if args.threads else [torch.get_num_threads()]
+    warn_about_threads(threads)
     speculative = speculative_params(args)
     if speculative is not None:
         tests = with_speculative(tests, speculative.mode)
@@ -155,7 +164,7 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
     return BenchPlan(
         models=names,
         tests=tests,
-        threads=parse_positive_list(args.threads, "-t") if args.threads else [torch.get_num_threads()],
+        threads=threads,
         batches=parse_positive_list(args.batch_size, "-b"),
         ubatches=parse_positive_list(args.ubatch_size, "-ub"),
         repetitions=args.repetitions,
@@ -182,6 +191,12 @@ def print_validation(result: PrefillValidation) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gufo.parallel.engine import follows
+    from gufo.parallel.mirror import follow
+    from gufo.tools.bench.machine import build_info
+    from gufo.tools.bench.report import make_printer
+    from gufo.tools.bench.session import EngineCache, preflight, run_benchmarks, run_validations
+
     plan = make_plan(args)
     preflight(plan)
     engines = EngineCache(plan)

@@ -6,15 +6,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gufo.cli.commands import summary
 from gufo.cli.common import positive_float, positive_int
 from gufo.errors import BadInputError
-from gufo.gguf.aliases import resolve_model
-from gufo.gguf.model_file import open_model_file
-from gufo.tokenizer import Tokenizer
-from gufo.tools.bench.lists import parse_positive_list
-from gufo.tools.bench.serving import Client, TokenCounter, markdown, run_serving_bench
+
+if TYPE_CHECKING:
+    from gufo.tools.bench.serving import TokenCounter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,11 +68,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def token_counter(model: str) -> TokenCounter:
+    from gufo.gguf.aliases import resolve_model
+    from gufo.gguf.model_file import open_model_file
+    from gufo.tokenizer import Tokenizer
+
     tokenizer = Tokenizer.from_gguf(open_model_file(resolve_model(model)).metadata)
     return lambda text: len(tokenizer.encode(text, add_special=False, parse_special=False))
 
 
 def run(args: argparse.Namespace) -> int:
+    from gufo.tools.bench.lists import parse_positive_list
+    from gufo.tools.bench.serving import Client, markdown, run_serving_bench
+
     concurrency = parse_positive_list(args.concurrency, "--concurrency")
     if args.output is not None and not args.output.parent.is_dir():
         raise BadInputError(f"--output {args.output}: no such directory {args.output.parent}")

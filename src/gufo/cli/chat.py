@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gufo.cli.commands import summary
 from gufo.cli.common import (
@@ -20,16 +21,15 @@ from gufo.cli.common import (
     sampling_params,
     speculative_params,
 )
-from gufo.engine.engine import Engine, GenerationResult
-from gufo.engine.loader import open_checked
-from gufo.engine.sampling import SamplingParams
-from gufo.engine.speculative import Speculator, make_speculator
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import CHAT_MODEL
-from gufo.parallel.engine import follows
-from gufo.parallel.mirror import follow
-from gufo.tokenizer import Tokenizer
 from gufo.tokenizer.chat import BUILTIN_TEMPLATES
+
+if TYPE_CHECKING:  # the engine (torch) is imported when a conversation starts, not for --help
+    from gufo.engine.engine import Engine, GenerationResult
+    from gufo.engine.sampling import SamplingParams
+    from gufo.engine.speculative import Speculator
+    from gufo.tokenizer import Tokenizer
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 PROMPT = "> "
@@ -96,6 +96,8 @@ def add_conversation_flags(parser: argparse.ArgumentParser) -> None:
 def chat_template(args: argparse.Namespace) -> str | None:
     """The jinja source --chat-template names, or None for the GGUF's own template. A model without
     one is refused before its weights load: a base model continues the rendered turns with junk."""
+    from gufo.engine.loader import open_checked
+
     choice = args.chat_template
     names = ", ".join(BUILTIN_TEMPLATES)
     if choice is None:
@@ -141,19 +143,21 @@ def stream_reply(
 ) -> tuple[str, GenerationResult]:
     """Generate a reply to the rendered conversation `ids` and print it as it comes: its text (what was
     printed until Ctrl-C, if that stopped it) and the generation's result."""
-    stream = tokenizer.stream_decoder()
+    stream = tokenizer.stream_decoder(skip_special=True)  # control tokens print as nothing, as in llama-cli
     pieces: list[str] = []
-
-    def emit(token: int) -> None:
-        if token in tokenizer.eog_ids:
-            return
-        pieces.append(stream.push(token))
-        sys.stdout.write(pieces[-1])
-        sys.stdout.flush()
 
     try:
         with sigint_stops_reply() as stop_requested:
-            result = generator.generate(ids, budget, params, on_token=emit, should_stop=stop_requested)
+
+            def emit(token: int) -> bool:
+                """Print the token's text; True (stop after it) once Ctrl-C was pressed."""
+                if token not in tokenizer.eog_ids:
+                    pieces.append(stream.push(token))
+                    sys.stdout.write(pieces[-1])
+                    sys.stdout.flush()
+                return stop_requested()
+
+            result = generator.generate(ids, budget, params, on_token=emit)
     except KeyboardInterrupt:
         sys.stdout.write("\n")  # the interruption's message on a line of its own
         raise
@@ -196,6 +200,10 @@ def run(args: argparse.Namespace) -> int:
 
 def converse(args: argparse.Namespace, first_turn: str | None = None) -> int:
     """The conversation loop of `gufo chat` and `gufo run -cnv`; `first_turn` is the first user turn."""
+    from gufo.engine.speculative import make_speculator
+    from gufo.parallel.engine import follows
+    from gufo.parallel.mirror import follow
+
     params = sampling_params(args)
     speculative = speculative_params(args)
     template = chat_template(args)
@@ -234,7 +242,8 @@ def converse(args: argparse.Namespace, first_turn: str | None = None) -> int:
             )
             continue
         # a reply stopped by Ctrl-C stays in the conversation as far as it went (llama-cli keeps it too)
-        reply, result = stream_reply(generator, tok, ids, min(args.n_predict, room), params)
+        budget = room if args.n_predict < 0 else min(args.n_predict, room)  # `run -cnv -n -1`: all of it
+        reply, result = stream_reply(generator, tok, ids, budget, params)
         messages.append({"role": "assistant", "content": reply})
         if args.show_timings:
             print(timings_line(result), file=sys.stderr)

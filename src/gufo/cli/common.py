@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 
-from gufo.engine.sampling import SamplingParams
+from gufo.cli.compat import add_device_flags, add_llama_compat_flags, check_llama_compat, device, lock_memory
+from gufo.cli.progress import add_progress_flags, load_reported
+from gufo.engine.params import SPECULATIVE_MODES, SamplingParams, SpeculativeParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
 from gufo.options import (
@@ -19,22 +22,27 @@ from gufo.options import (
     RunOptions,
 )
 
+log = logging.getLogger(__name__)
 
-def _int_at_least(minimum: int, wording: str):
+
+def int_in(minimum: int, wording: str, maximum: int | None = None):
+    """An argparse type: whole numbers from `minimum` (to `maximum`), else `expected {wording}`."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"expected {wording}, got {text!r}")
         return value
 
     return parse
 
 
-positive_int = _int_at_least(1, "a positive integer")
-non_negative_int = _int_at_least(0, "an integer >= 0")
+positive_int = int_in(1, "a positive integer")
+non_negative_int = int_in(0, "an integer >= 0")
+port_number = int_in(0, "a TCP port number 0-65535", 65535)
 
 
 def positive_float(text: str) -> float:
@@ -62,7 +70,7 @@ def add_model_flag(parser: argparse.ArgumentParser, required: bool = False) -> N
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flag(parser)
-    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
+    add_device_flags(parser)
     parser.add_argument(
         "-c",
         "--ctx-size",
@@ -84,9 +92,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=positive_int,
         default=None,
-        help="CPU threads (default: torch's default, usually the number of cores)",
+        help="CPU threads (default: torch's, the number of cores; idle threads sleep rather than spin, "
+        "unless OMP_WAIT_POLICY says otherwise, so the default holds up on a busy machine)",
     )
     add_eager_flag(parser)
+    add_progress_flags(parser)
+    add_llama_compat_flags(parser)
 
 
 TENSOR_PARALLEL_HELP = (
@@ -131,6 +142,17 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def warn_about_threads(counts: list[int]) -> None:
+    """One warning line when a thread count exceeds the cores this process may run on: the threads
+    then take turns on the cores, and every barrier waits for the slowest."""
+    cores = len(os.sched_getaffinity(0))
+    over = max(counts, default=0)
+    if over > cores:
+        log.warning(
+            "-t %d exceeds the %d CPU cores this process may use: expect it to run slower", over, cores
+        )
+
+
 def run_options(args: argparse.Namespace, threads: int | None = None) -> RunOptions:
     """RunOptions from the flags, the environment variables standing in for flags not given."""
     kernels = KernelOptions.from_environment(os.environ)
@@ -138,7 +160,10 @@ def run_options(args: argparse.Namespace, threads: int | None = None) -> RunOpti
         kernels = KernelOptions(args.int8_min_weights, kernels.dependent_launch)
     if args.dependent_launch is not None:
         kernels = KernelOptions(kernels.int8_min_weights, args.dependent_launch == "on")
-    return RunOptions(device=args.device, graphs=not args.eager, threads=threads, kernels=kernels)
+    check_llama_compat(args)
+    return RunOptions(
+        device=device(args), graphs=not args.eager, threads=threads, kernels=kernels, mmap=not args.no_mmap
+    )
 
 
 # (flag, SamplingParams field, parser, help) for the flags that map one-to-one onto a field.
@@ -175,13 +200,11 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = False) -> None:
-    from gufo.engine.speculative import MODES, SpeculativeParams
-
     defaults = SpeculativeParams()
     group = parser.add_argument_group("speculative decoding (greedy output identical to plain decoding)")
     group.add_argument(
         "--speculative",
-        choices=MODES,
+        choices=SPECULATIVE_MODES,
         required=required,
         default=None,
         help="draft tokens by prompt lookup (ngram) or with a smaller model (draft, needs --draft-model) "
@@ -213,10 +236,8 @@ def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = Fals
     )
 
 
-def speculative_params(args: argparse.Namespace):
+def speculative_params(args: argparse.Namespace) -> SpeculativeParams | None:
     """SpeculativeParams from the flags, or None without --speculative."""
-    from gufo.engine.speculative import SpeculativeParams
-
     if args.speculative is None:
         if args.draft_model is not None:
             raise BadInputError("--draft-model needs --speculative draft")
@@ -245,14 +266,22 @@ def make_engine(args: argparse.Namespace, n_slots: int = 1):
     """The engine the flags ask for (this process's rank of it with --tensor-parallel N)."""
     from gufo.parallel.engine import open_engine
 
-    return open_engine(
-        args.model,
-        run_options(args, args.threads),
-        getattr(args, "tensor_parallel", 1),
-        context=args.ctx_size,
-        n_slots=n_slots,
-        batch_size=args.batch_size,
-    )
+    if args.threads is not None:
+        warn_about_threads([args.threads])
+    options = run_options(args, args.threads)
+    with load_reported(args, args.model or DEFAULT_MODEL) as progress:
+        engine = open_engine(
+            args.model,
+            options,
+            getattr(args, "tensor_parallel", 1),
+            context=args.ctx_size,
+            n_slots=n_slots,
+            batch_size=args.batch_size,
+            progress=progress,
+        )
+    if args.mlock:
+        lock_memory()
+    return engine
 
 
 def parse_id_list(text: str, flag: str) -> list[int]:

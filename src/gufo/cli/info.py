@@ -6,9 +6,6 @@ import argparse
 import json
 
 from gufo.cli.commands import summary
-from gufo.gguf.aliases import resolve_model
-from gufo.gguf.model_file import open_model_file
-from gufo.models.registry import known_architectures
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,6 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gufo.gguf.aliases import resolve_model
+    from gufo.gguf.model_file import open_model_file
+    from gufo.models.registry import known_architectures
+
     mf = open_model_file(resolve_model(args.model))
     arch = mf.architecture
     tokens = mf.get("tokenizer.ggml.tokens") or []

@@ -6,9 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from gufo.cli.commands import summary
 from gufo.cli.common import add_engine_flags, parse_id_list, positive_int
 from gufo.errors import BadInputError
@@ -45,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
     from gufo.cli.common import make_engine
 
     engine = make_engine(args)

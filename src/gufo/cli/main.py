@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import os
 import sys
 
 from gufo import __version__
 from gufo.cli.commands import COMMANDS
+from gufo.cli.progress import configure_logging
 from gufo.errors import GufoError
 
 
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line (exit 2), like every other bad input; --help has the details. Flags
     are matched whole: a llama.cpp flag gufo lacks is refused by name, never taken as a prefix of
-    another flag (the command parsers are of this class too)."""
+    another flag nor split into a short flag and its value (argparse reads `-ngl` as `-n gl` and `-cnv`
+    as `-c nv`). The command parsers are of this class too."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -23,6 +25,40 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        self._refuse_unknown_flags(args)
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_unknown_flags(self, args: list[str]) -> None:
+        """Name the first flag this parser does not know, before argparse reports anything else (a
+        missing required flag, or `-n`'s complaint about the value `gl`). The scan stops where a
+        subcommand's arguments begin: its own parser checks them."""
+        subcommands = [a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        for arg in args:
+            if arg == "--" or any(arg in choices for choices in subcommands):
+                return
+            if self._unknown_flag(arg):
+                self.error(f"unknown flag {arg.split('=', 1)[0]}")
+
+    def _unknown_flag(self, arg: str) -> bool:
+        # what argparse itself takes for a value: "-", negative numbers, text with spaces
+        if len(arg) < 2 or arg[0] != "-" or " " in arg or _is_number(arg):
+            return False
+        if arg.split("=", 1)[0] in self._option_string_actions:
+            return False
+        attached = self._option_string_actions.get(arg[:2]) if arg[1] != "-" else None
+        # a short flag with its number attached (-n32, -t4) is argparse's own syntax
+        return not (attached is not None and attached.nargs != 0 and _is_number(arg[2:]))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def requested_command(argv: list[str]) -> str | None:
@@ -49,11 +85,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# OpenMP threads that wait at a barrier spin by default (libgomp: for about 300k spins), which on a busy
+# machine steals the cores the other threads need: gemma3-270m decoded at 0.45-1.78 tok/s with 2 threads
+# on a loaded 2-core machine, 23 with passive waiting (docs/BENCHMARKS.md, "CPU threads"). Read by the
+# OpenMP runtime when torch loads it, so set before any command imports torch; the user's value wins.
+WAIT_POLICY = ("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    os.environ.setdefault(*WAIT_POLICY)
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(requested_command(argv))
     args = parser.parse_args(argv)
+    configure_logging(args)
     try:
         return int(args.func(args) or 0)
     except GufoError as err:

@@ -13,9 +13,7 @@ from gufo.cli.common import (
     positive_int,
     speculative_params,
 )
-from gufo.engine.speculative import make_speculator
 from gufo.errors import CheckFailedError
-from gufo.tools.quality.parity import DEFAULT_CORPUS, ParitySummary, load_corpus, run_parity
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--corpus",
         type=Path,
         default=None,
-        help=f'JSONL prompts, one {{"id", "prompt", "repetitive"}} object a line '
-        f"(default: the shipped {DEFAULT_CORPUS.name}, half repetitive)",
+        help='JSONL prompts, one {"id", "prompt", "repetitive"} object a line '
+        "(default: the corpus shipped with gufo, half repetitive)",
     )
     parser.add_argument(
         "-n", "--n-predict", type=positive_int, default=64, help="tokens generated per prompt (default 64)"
@@ -45,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gufo.engine.speculative import make_speculator
+    from gufo.tools.quality.parity import ParitySummary, load_corpus, run_parity
+
     prompts = load_corpus(args.corpus)
     speculative = speculative_params(args)  # never None: --speculative is required here
     engine = make_engine(args)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from gufo import __version__
 from gufo.cli.commands import summary
@@ -20,9 +19,9 @@ from gufo.cli.common import (
     positive_int,
 )
 from gufo.errors import BadInputError, CheckFailedError
-from gufo.tools.quality.compare import compare_to_reference
-from gufo.tools.quality.reference import ReferenceLogits, candidate_rows, record_reference
-from gufo.tools.quality.validate_prefill import add_prefill_noise
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EPILOG = f"""\
 Typical use: record on a trusted route, then gate a changed kernel, build, device or toolchain:
@@ -77,6 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def read_tokens(args: argparse.Namespace, engine) -> np.ndarray:
+    import numpy as np
+
     source = args.file or args.tokens
     if source is None:
         raise BadInputError("--save-logits needs a corpus: -f TEXT or --tokens FILE")
@@ -93,6 +94,10 @@ def read_tokens(args: argparse.Namespace, engine) -> np.ndarray:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gufo.tools.quality.compare import compare_to_reference
+    from gufo.tools.quality.reference import ReferenceLogits, candidate_rows, record_reference
+    from gufo.tools.quality.validate_prefill import add_prefill_noise
+
     if args.reference is not None and (args.file or args.tokens):
         raise BadInputError("--reference brings its own tokens: drop -f/--tokens")
     if args.save_logits is not None and (args.max_kl is not None or args.min_top1 is not None):

@@ -13,18 +13,13 @@ from gufo.cli.common import (
     add_tensor_parallel_flag,
     make_engine,
     non_negative_int,
+    port_number,
     positive_float,
     positive_int,
     speculative_params,
 )
-from gufo.engine.speculative import check_draft_model
-from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL, resolve_model
-from gufo.gguf.model_file import open_model_file
-from gufo.parallel.mirror import follow
-from gufo.parallel.model import preflight
-from gufo.parallel.process_group import launched_rank
-from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
-from gufo.server.settings import ServerSettings
+from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
+from gufo.server.settings import DEFAULT_PREFILL_CHUNK, ServerSettings
 
 DEFAULTS = ServerSettings(model_id="")
 
@@ -56,7 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_tensor_parallel_flag(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument(
-        "--port", type=non_negative_int, default=8080, help="TCP port (default 8080; 0 picks a free one)"
+        "--port", type=port_number, default=8080, help="TCP port (default 8080; 0 picks a free one)"
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="uvicorn's own log on stderr: its start-up lines and one line per request (default: warnings)",
     )
     parser.add_argument(
         "--sessions", type=positive_int, default=1, help="KV slots, i.e. requests served at once (default 1)"
@@ -138,10 +138,17 @@ def model_id(args: argparse.Namespace, path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = resolve_model(args.model)  # a bad -m is one line and exit 2 before anything listens
+    from gufo.engine.loader import open_checked
+    from gufo.engine.speculative import check_draft_model
+    from gufo.parallel.mirror import follow
+    from gufo.parallel.model import preflight
+    from gufo.parallel.process_group import launched_rank
+
+    # a bad -m, or a truncated or unsupported file, is one line and exit 2 before anything listens
+    path, model_file = open_checked(args.model)
     speculative = speculative_params(args)  # so are bad speculative flags and a mismatched draft model
     if speculative is not None and speculative.mode == "draft":
-        check_draft_model(open_model_file(path), args.draft_model)
+        check_draft_model(model_file, args.draft_model)
     settings = ServerSettings(
         model_id=model_id(args, path),
         max_tokens=args.max_tokens,
@@ -157,13 +164,19 @@ def run(args: argparse.Namespace) -> int:
         draft_model=args.draft_model,
     )
     if args.tensor_parallel > 1:
-        preflight(open_model_file(path), args.tensor_parallel)  # refused before anything listens
+        preflight(model_file, args.tensor_parallel)  # refused before anything listens
         if launched_rank() != 0:  # only rank 0 listens; the others run its steps
             return follow(make_engine(args, n_slots=args.sessions))
     from gufo.server.run import listen, serve  # the ASGI stack loads only when serving
 
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
-    print(f"gufo: serving {settings.model_id} on http://{host}:{port} (loading the model)", file=sys.stderr)
-    serve(settings, lambda: make_engine(args, n_slots=args.sessions), sock)
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    print(f"gufo: serving {settings.model_id} on {url} (loading the model)", file=sys.stderr, flush=True)
+
+    def ready() -> None:
+        print(f"gufo: ready: {settings.model_id} answers on {url}/v1", file=sys.stderr, flush=True)
+
+    load = lambda: make_engine(args, n_slots=args.sessions)  # noqa: E731
+    serve(settings, load, sock, ready, log_level="info" if args.verbose else "warning")
     return 0

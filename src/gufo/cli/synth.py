@@ -6,13 +6,11 @@ import argparse
 import re
 import sys
 
-from tqdm import tqdm
-
 from gufo.cli.commands import summary
 from gufo.cli.common import positive_int
 from gufo.gguf.aliases import ALIASES, resolve_model
-from gufo.gguf.model_file import open_model_file
-from gufo.tools.synth import MIXES, PRESETS, find_mix, find_preset, plan_synth, write_synth
+from gufo.tools.synth.presets import PRESETS, find_preset
+from gufo.tools.synth.type_mix import MIXES, find_mix
 
 DEFAULT_VOCAB = "smollm2-135m"
 
@@ -84,6 +82,12 @@ def split_size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from gufo.gguf.model_file import open_model_file
+    from gufo.tools.synth.plan import plan_synth
+    from gufo.tools.synth.writer import write_synth
+
     shape = find_preset(args.arch, args.preset)
     mix = find_mix(args.qtype)
     if args.layers is not None:

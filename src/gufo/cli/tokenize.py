@@ -6,9 +6,6 @@ import argparse
 
 from gufo.cli.commands import summary
 from gufo.cli.common import add_model_flag
-from gufo.gguf.aliases import resolve_model
-from gufo.gguf.model_file import open_model_file
-from gufo.tokenizer import Tokenizer
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gufo.gguf.aliases import resolve_model
+    from gufo.gguf.model_file import open_model_file
+    from gufo.tokenizer import Tokenizer
+
     tok = Tokenizer.from_gguf(open_model_file(resolve_model(args.model)).metadata)
     ids = tok.encode(args.prompt, add_special=not args.no_bos, parse_special=args.parse_special)
     if args.ids:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gufo.engine.loader import load_model, open_checked
+from gufo.engine.loader import LoadProgress, load_model, open_checked
 from gufo.engine.memory import peak_memory_bytes
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
@@ -28,6 +28,9 @@ from gufo.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+# told each generated token as it comes; returning True ends the generation after it (stopped_by "stop")
+OnToken = Callable[[int], bool | None]
+
 
 @dataclass
 class GenerationResult:
@@ -35,7 +38,7 @@ class GenerationResult:
     generated_ids: list[int] = field(default_factory=list)
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
-    stopped_by: str = "length"  # "eog", "length" or "interrupted" (`should_stop` said so)
+    stopped_by: str = "length"  # "eog", "stop" (on_token asked) or "length"
 
     @property
     def prompt_tps(self) -> float:
@@ -66,15 +69,17 @@ class Engine:
         context: int | None = None,
         n_slots: int = 1,
         batch_size: int = DEFAULT_BATCH,
+        progress: LoadProgress | None = None,
     ):
-        self.path, self.file = open_checked(model)
+        """`progress` hears how many tensor bytes the model has read while it loads."""
         self.options = options = options or RunOptions()
+        self.path, self.file = open_checked(model, options.mmap)
         self.device = self._device(options.device)
         self.backend = backends.select(self.device, options.kernels)
         if options.threads:
             torch.set_num_threads(options.threads)
         self.tokenizer = Tokenizer.from_gguf(self.file.metadata)
-        self.model, self.load_seconds = load_model(self.file, self.backend, self._build)
+        self.model, self.load_seconds = load_model(self.file, self.backend, self._build, progress)
         cfg = self.model.config
         self.context = min(context or DEFAULT_CONTEXT, cfg.context_length)
         if batch_size <= 0:
@@ -286,13 +291,12 @@ class Engine:
         max_tokens: int,
         params: SamplingParams,
         stop_at_eog: bool = True,
-        on_token: Callable[[int], None] | None = None,
+        on_token: OnToken | None = None,
         slot: int = 0,
-        should_stop: Callable[[], bool] | None = None,
     ) -> GenerationResult:
-        """Sample up to `max_tokens` after the prompt, each passed to `on_token` as it comes. After each
-        token, a true `should_stop()` ends generation early (a user's Ctrl-C): the slot then holds the
-        prompt and the tokens before the last, as after any other ending."""
+        """Sample up to `max_tokens` after the prompt, each passed to `on_token` as it comes; its true
+        answer ends generation after that token (a reverse prompt, a user's Ctrl-C): the slot then holds
+        the prompt and the tokens before the last, as after any other ending."""
         result, sampler, logits = self.start_generation(prompt_ids, max_tokens, params, slot)
         history = list(prompt_ids)
         started = time.perf_counter()
@@ -301,15 +305,13 @@ class Engine:
             token = sampler(logits, history)
             result.generated_ids.append(token)
             history.append(token)
-            if on_token is not None:
-                on_token(token)
+            if on_token is not None and on_token(token):
+                result.stopped_by = "stop"
+                break
             if stop_at_eog and token in self.tokenizer.eog_ids:
                 result.stopped_by = "eog"
                 break
             if step + 1 == max_tokens:
-                break
-            if should_stop is not None and should_stop():
-                result.stopped_by = "interrupted"
                 break
             logits = self.decode(token, position, slot)
             position += 1

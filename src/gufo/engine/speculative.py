@@ -18,36 +18,20 @@ the kept tokens again, which costs a full model pass per token; a checkpoint cop
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
 
-from gufo.engine.engine import Engine, GenerationResult
+from gufo.engine.engine import Engine, GenerationResult, OnToken
+from gufo.engine.params import SpeculativeParams
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import ModelFile, open_model_file
 
-MODES = ("ngram", "draft")
 NGRAM_MAX = 4  # longest n-gram prompt lookup tries before shorter ones (at least --ngram-min)
-
-
-@dataclass(frozen=True)
-class SpeculativeParams:
-    mode: str = "ngram"
-    draft_max: int = 8
-    draft_min: int = 1  # drafts shorter than this are not verified
-    ngram_min: int = 2
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise BadInputError(f"--speculative: unknown mode {self.mode!r} (known: {', '.join(MODES)})")
-        if self.draft_max < 1 or self.draft_min < 0 or self.ngram_min < 1:
-            raise BadInputError("--draft-max and --ngram-min must be >= 1, --draft-min >= 0")
-        if self.draft_min > self.draft_max:
-            raise BadInputError(f"--draft-min {self.draft_min} exceeds --draft-max {self.draft_max}")
 
 
 @dataclass
@@ -244,9 +228,8 @@ class Speculator:
         max_tokens: int,
         params: SamplingParams,
         stop_at_eog: bool = True,
-        on_token: Callable[[int], None] | None = None,
+        on_token: OnToken | None = None,
         slot: int = 0,
-        should_stop: Callable[[], bool] | None = None,
     ) -> GenerationResult:
         engine = self.engine
         result, sampler, logits = engine.start_generation(prompt_ids, max_tokens, params, slot)
@@ -259,13 +242,11 @@ class Speculator:
             """Record a token; True when generation ends with it."""
             out.append(token)
             history.append(token)
-            if on_token is not None:
-                on_token(token)
+            if on_token is not None and on_token(token):
+                result.stopped_by = "stop"
+                return True
             if stop_at_eog and token in engine.tokenizer.eog_ids:
                 result.stopped_by = "eog"
-                return True
-            if len(out) < max_tokens and should_stop is not None and should_stop():
-                result.stopped_by = "interrupted"
                 return True
             return len(out) == max_tokens
 

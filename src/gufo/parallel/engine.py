@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from gufo.engine.engine import Engine
+from gufo.engine.loader import LoadProgress
 from gufo.gguf.model_file import ModelFile
 from gufo.models.kv_cache import CacheSnapshot
 from gufo.models.registry import build_model
@@ -31,9 +32,10 @@ class ShardedEngine(Engine):
         context: int | None = None,
         n_slots: int = 1,
         batch_size: int = DEFAULT_BATCH,
+        progress: LoadProgress | None = None,
     ):
         self.tensor_parallel = tensor_parallel
-        super().__init__(model, options, context, n_slots, batch_size)
+        super().__init__(model, options, context, n_slots, batch_size, progress)
         self.mirror = Leader(self.tensor_parallel_group, self.release_graphs) if not self.follows else None
 
     def _device(self, device: str) -> str:
@@ -93,11 +95,12 @@ def open_engine(
     context: int | None = None,
     n_slots: int = 1,
     batch_size: int = DEFAULT_BATCH,
+    progress: LoadProgress | None = None,
 ) -> Engine:
     """An Engine, or this process's rank of a tensor-parallel launch when `tensor_parallel` > 1."""
     if tensor_parallel > 1:
-        return ShardedEngine(model, tensor_parallel, options, context, n_slots, batch_size)
-    return Engine(model, options, context, n_slots, batch_size)
+        return ShardedEngine(model, tensor_parallel, options, context, n_slots, batch_size, progress)
+    return Engine(model, options, context, n_slots, batch_size, progress)
 
 
 def follows(engine: Engine) -> bool:

@@ -63,15 +63,15 @@ async def cancel_on_disconnect(request: Request, task: asyncio.Task) -> None:
 def create_app(
     settings: ServerSettings,
     load: Callable[[], Engine],
-    on_load_error: Callable[[Exception], None] | None = None,
+    on_loaded: Callable[[Exception | None], None] | None = None,
 ) -> FastAPI:
-    """The ASGI app. `load` builds the engine on a background thread; `on_load_error` hears why it
-    failed (the CLI stops the server then)."""
+    """The ASGI app. `load` builds the engine on a background thread; `on_loaded` hears None once the
+    server is ready, or why the load failed (the CLI says it is ready, or stops the server)."""
     state = ServerState(settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with state.running(load, on_load_error):
+        async with state.running(load, on_loaded):
             yield
 
     app = FastAPI(title="gufo", version=__version__, lifespan=lifespan)
@@ -151,7 +151,7 @@ def create_app(
         echo: str = "",
     ):
         """`echo`: text put before the generated text (completions' echo)."""
-        if body.model != settings.model_id:
+        if body.model is not None and body.model != settings.model_id:
             raise ApiError(
                 404,
                 f"model '{body.model}' does not exist (this server has '{settings.model_id}')",

@@ -14,7 +14,7 @@ from types import FrameType
 import uvicorn
 
 from gufo.engine.engine import Engine
-from gufo.errors import GufoError
+from gufo.errors import BadInputError, GufoError
 from gufo.server.gate import TimedH11Protocol
 from gufo.server.routes import create_app
 from gufo.server.settings import ServerSettings
@@ -32,7 +32,8 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
-        raise GufoError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+        # the address is the user's choice, like any other flag: bad input, exit 2
+        raise BadInputError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     sock.listen(2048)  # connections made before uvicorn starts wait in the backlog
     return sock
 
@@ -53,11 +54,11 @@ class GufoServer(uvicorn.Server):
 def make_server(
     settings: ServerSettings,
     load: Callable[[], Engine],
-    on_load_error: Callable[[Exception], None] | None = None,
+    on_loaded: Callable[[Exception | None], None] | None = None,
     log_level: str | None = None,
 ) -> GufoServer:
     """The uvicorn server of `create_app`, with gufo's timeouts and shutdown."""
-    app = create_app(settings, load, on_load_error)
+    app = create_app(settings, load, on_loaded)
     protocol = type("TimedH11Protocol", (TimedH11Protocol,), {"header_timeout": settings.header_timeout})
     config = uvicorn.Config(
         app,
@@ -70,15 +71,26 @@ def make_server(
     return GufoServer(config, app.state.gufo)
 
 
-def serve(settings: ServerSettings, load: Callable[[], Engine], sock: socket.socket) -> None:
-    """Serve until interrupted; a model that fails to load stops the server and raises here."""
+def serve(
+    settings: ServerSettings,
+    load: Callable[[], Engine],
+    sock: socket.socket,
+    on_ready: Callable[[], None] | None = None,
+    log_level: str | None = None,
+) -> None:
+    """Serve until interrupted; `on_ready` hears when the model has loaded, and a model that fails to
+    load stops the server and raises here. `log_level`: uvicorn's (None: its default, info)."""
     failures: list[Exception] = []
 
-    def stop(err: Exception) -> None:
+    def loaded(err: Exception | None) -> None:
+        if err is None:
+            if on_ready is not None:
+                on_ready()
+            return
         failures.append(err)
         server.should_exit = True
 
-    server = make_server(settings, load, stop)
+    server = make_server(settings, load, loaded, log_level)
     server.run(sockets=[sock])
     if failures:
         err = failures[0]

@@ -26,10 +26,9 @@ from gufo.engine.engine import Engine
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.engine.speculative import SpeculativeStats, Speculator
 from gufo.server.metrics import Metrics
+from gufo.server.settings import DEFAULT_PREFILL_CHUNK
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PREFILL_CHUNK = 512
 
 
 class QueueFullError(Exception):

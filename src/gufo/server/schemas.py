@@ -34,7 +34,7 @@ class StreamOptions(BaseModel):
 class GenerationRequest(BaseModel):
     model_config = STRICT
 
-    model: str
+    model: str | None = None  # optional, as llama-server has it: the served model
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gufo.engine.speculative import SpeculativeParams
-from gufo.server.scheduler import DEFAULT_PREFILL_CHUNK
+from gufo.engine.params import SpeculativeParams
+
+DEFAULT_PREFILL_CHUNK = 512  # prompt tokens prefilled per scheduler step, between decode steps
 
 
 @dataclass

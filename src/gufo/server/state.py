@@ -58,19 +58,17 @@ class ServerState:
 
     @asynccontextmanager
     async def running(
-        self, load: Callable[[], Engine], on_load_error: Callable[[Exception], None] | None = None
+        self, load: Callable[[], Engine], on_loaded: Callable[[Exception | None], None] | None = None
     ) -> AsyncIterator[None]:
         """Load the model on a background thread while the server runs; stop the scheduler after."""
-        loader = threading.Thread(
-            target=self._load, args=(load, on_load_error), name="gufo-load", daemon=True
-        )
+        loader = threading.Thread(target=self._load, args=(load, on_loaded), name="gufo-load", daemon=True)
         loader.start()
         yield
         await asyncio.to_thread(loader.join)
         if self.runtime is not None:
             self.runtime.scheduler.stop()
 
-    def _load(self, load: Callable[[], Engine], on_load_error: Callable[[Exception], None] | None) -> None:
+    def _load(self, load: Callable[[], Engine], on_loaded: Callable[[Exception | None], None] | None) -> None:
         settings = self.settings
         try:
             engine = load()
@@ -83,13 +81,15 @@ class ServerState:
             )
             scheduler.start()
             self.runtime = Runtime(engine, scheduler)
-            log.info("model %s loaded", settings.model_id)
+            log.debug("model %s loaded", settings.model_id)
+            if on_loaded is not None:
+                on_loaded(None)
         except Exception as err:  # reported through /health and the CLI, not as a thread traceback
             # A traceback helps only when the failure is not one the user can act on.
             log.error("loading the model failed: %s", err, exc_info=not isinstance(err, GufoError))
             self.load_error = str(err)
-            if on_load_error is not None:
-                on_load_error(err)
+            if on_loaded is not None:
+                on_loaded(err)
 
     def begin_shutdown(self) -> None:
         """Refuse new requests now; after `shutdown_timeout` seconds end the running ones with a 503."""

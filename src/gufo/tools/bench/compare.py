@@ -63,8 +63,10 @@ def load_run(path: Path) -> dict[TestKey, Measurement]:
     """Rows of one run: a JSON array (`-o json`) or one object per line (`-o jsonl`)."""
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise BadInputError(f"{path}: cannot read: {err}") from None
+    except OSError as err:
+        raise BadInputError(f"{path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise BadInputError(f"{path}: not UTF-8 text: {err}") from None
     try:
         data = json.loads(text)
         rows = data if isinstance(data, list) else [data]

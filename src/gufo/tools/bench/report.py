@@ -17,10 +17,6 @@ import gguf
 from gufo.gguf.model_file import ModelFile
 from gufo.tools.bench.runner import Timing
 
-DEFAULT_N_BATCH = 2048
-DEFAULT_N_UBATCH = 512
-FORMATS = ("md", "json", "jsonl", "csv")
-
 
 def ftype_name(file_type: int | None) -> str:
     """llama.cpp's wording for general.file_type, e.g. 15 -> `Q4_K - Medium`."""

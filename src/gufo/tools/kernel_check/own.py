@@ -31,10 +31,14 @@ def own_kernels(
 ) -> tuple[list[Kernel], list[str]]:
     """Every launch variant of every target, the kernels built with `options` (the defaults when None),
     compiled (into `keep`, else a temporary folder) and read."""
+    from gufo.kernels import triton as triton_kernels
+
+    if not triton_kernels.AVAILABLE:
+        raise BadInputError("kernels own compiles gufo's Triton kernels: install Triton (pip install triton)")
     try:
         from gufo.kernels.triton import offline
-    except ImportError as err:
-        raise BadInputError(f"kernels own needs the `triton` package ({err})") from None
+    except ImportError as err:  # torch, or a part of Triton
+        raise BadInputError(f"kernels own needs the `{err.name}` package ({err})") from None
     unknown = [t for t in targets if t not in offline.TARGETS]
     if unknown:
         raise BadInputError(f"--target: unknown target {unknown[0]!r} (known: {', '.join(offline.TARGETS)})")

@@ -113,7 +113,13 @@ class ReferenceLogits:
 
     @classmethod
     def load(cls, path: Path) -> ReferenceLogits:
+        not_one = (
+            f"--reference {path}: not a gufo reference logits file (`gufo quality --save-logits` writes one)"
+        )
         try:
+            with open(path, "rb") as handle:  # np.load would try another file as a pickle, and say so
+                if not zipfile.is_zipfile(handle):
+                    raise BadInputError(not_one)
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(str(data["header"]))
                 if header.get("format") != FORMAT:
@@ -132,7 +138,7 @@ class ReferenceLogits:
         except OSError as err:
             raise BadInputError(f"--reference {path}: cannot read: {err.strerror or err}") from None
         except (ValueError, KeyError, zipfile.BadZipFile) as err:
-            raise BadInputError(f"--reference {path}: not a gufo reference logits file ({err})") from None
+            raise BadInputError(f"{not_one}: {err}") from None
 
 
 def chunk_logits(engine: Engine, tokens: np.ndarray, chunk: int) -> Iterator[tuple[int, torch.Tensor]]:
