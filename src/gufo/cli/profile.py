@@ -23,8 +23,10 @@ norm, norm_rope, rope, activation, conv, delta_rule, decode_layer (the fused CPU
 call per layer), and per phase (prefill, decode): other (host time in a pass outside the kernels on
 the CPU; kernels outside the stages on a GPU), copy and host overhead (GPU: device idle in a pass), and
 between_passes (the runner's loop; sampling and drafting in speculative tests). Time per token divides
-by the phase's tokens. On a GPU the device kernels are timed (CUPTI/roctracer) and the passes run op
-by op: a CUDA graph replay runs no Python, so its kernels could not be told apart by stage.
+by the phase's tokens. On a GPU the device kernels are timed (CUPTI/roctracer); a CUDA graph replay
+runs no Python, so the step a graph would replay runs uncaptured, op by op (the same kernels; host
+overhead is then the launch cost that graphs remove), and prefill runs eagerly (the same kernels as
+its piecewise graphs). --eager profiles the plain eager decode path instead.
 
 The profiler adds its own cost: gufo bench remains the measure of speed.
 
@@ -107,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
         from gufo.tools.plot import pyplot
 
         pyplot()  # a missing matplotlib is said before the run, not after
-    # graph replays run no Python: the passes run op by op so that every kernel call is in its range
-    options = replace(plan.options, graphs=False, profile=ProfileOptions(slow_stage=args.debug_slow_stage))
+    options = replace(plan.options, profile=ProfileOptions(slow_stage=args.debug_slow_stage))
     profile_plan = ProfilePlan(replace(plan, options=options), args.trace, args.peak_bandwidth)
     records = run_profile(profile_plan, build_info(), progress_callback(args, "profile"))
     if args.output == "json":

@@ -94,10 +94,14 @@ class Engine:
 
             # several tokens per graph step where the decode route is batch-invariant (speculative drafts)
             limit = (route.max_tokens or 1) if route.batch_invariant and self.multi_token_graphs else 1
-            self.graph_decoder = GraphDecoder(self.model, self.cache, backends.device_of(self.backend), limit)
-        # full prefill chunks (batch_size tokens) replay piecewise graphs around the attention
+            device = backends.device_of(self.backend)
+            # profiling: a graph's step runs uncaptured, so that each of its kernel calls is in its range
+            capture = options.profile is None
+            self.graph_decoder = GraphDecoder(self.model, self.cache, device, limit, capture)
+        # full prefill chunks (batch_size tokens) replay piecewise graphs around the attention (eager
+        # prefill runs the same kernels: profiling takes that)
         self.prefill_graphs = None
-        if self.graph_decoder is not None and self.multi_token_graphs:
+        if self.graph_decoder is not None and self.multi_token_graphs and options.profile is None:
             from gufo.engine.graphs.prefill import PrefillGraphs
 
             if PrefillGraphs.supports(self.model):
