@@ -145,3 +145,28 @@ def test_missing_matplotlib_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
         err = capsys.readouterr().err
         assert code == 2 and err == "gufo: error: --plot needs matplotlib: pip install 'gufo[plot]'\n"
     assert not (tmp_path / "a.png").exists()
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["-m", "smollm2-135m,gemma3-270m"], "-m: gufo profile takes one model, got 2"),
+        (["-m", "smollm2-135m", "--debug-slow-stage", "gemm"], "--debug-slow-stage: 'gemm' is not one of"),
+        (["-m", "smollm2-135m", "--fail-above", "5"], "--labels and --fail-above go with --compare"),
+        (["--compare", str(LLAMA_A), str(LLAMA_B)], "row 1 has no profile (gufo profile -o json writes one)"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, args, fragment):
+    code = main(["profile", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["profile", "--help"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0
+    for flag in ("--trace", "--plot", "--peak-bandwidth", "--compare", "--fail-above", "--debug-slow-stage"):
+        assert flag in out
+    assert "as a % of it" in out and "more than PCT% above" in out

@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--peak-bandwidth",
         type=positive_float,
         metavar="GB/S",
-        help="the device's memory bandwidth: rows that read weights show their GB/s as a % of it",
+        help="the device's memory bandwidth: rows that read weights show their GB/s as a %% of it",
     )
     parser.add_argument(
         "--compare",
