@@ -95,6 +95,8 @@ def test_device_kernels_go_to_the_stage_their_host_op_ran_in():
         Event("Memcpy DtoH", 870, 880, linked=17, activity="gpu_memcpy", device=CUDA),
         Event("warm_up_kernel", -300, -250, linked=2, activity="kernel", device=CUDA),
         Event(LAYER, 300, 400, linked=12, activity="gpu_user_annotation", device=CUDA),  # not a kernel
+        # a launch call whose (CUPTI) correlation id is the layer range's number: not a host op
+        Event("cudaLaunchKernel", 50, 60, correlation=12, activity="cuda_runtime"),
     ]
     (rep,) = attribute(HOST + device, device=True)[1]
     ns = {key: tally.ns for key, tally in rep.stages.items() if tally.ns}

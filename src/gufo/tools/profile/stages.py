@@ -25,6 +25,7 @@ from gufo.kernels.profiling import PHASE_OF_RANGE, KernelRange
 REPETITION_PREFIX = "gufo.repetition "
 BETWEEN_PASSES, OTHER, COPY, HOST_OVERHEAD = "between_passes", "other", "copy", "host overhead"
 NO_PHASE = "-"  # the phase of the time between passes
+HOST_OPS = ("cpu_op", "user_annotation")  # Kineto's activity types of torch ops and record_function ranges
 DEVICE_ACTIVITIES = {"kernel": OTHER, "gpu_memcpy": COPY, "gpu_memset": COPY}  # -> their stage outside ranges
 
 
@@ -163,7 +164,10 @@ def _device_kernels(
     events: list[Any], host: list[Any], roots: dict[int, Node], by_repetition: dict[int, RepetitionProfile]
 ) -> None:
     """Each device kernel to the stage range its launching host op ran in; each pass's idle time."""
-    launched_at = {e.correlation_id(): (e.start_thread_id(), e.start_ns()) for e in host}
+    # a kernel links to the host op (or range) it was launched in; the launch calls' own correlation ids
+    # (CUPTI's) are another numbering
+    ops = (e for e in host if e.activity_type() in HOST_OPS)
+    launched_at = {e.correlation_id(): (e.start_thread_id(), e.start_ns()) for e in ops}
     busy: dict[int, list[tuple[int, int]]] = {}  # id(pass range) -> its kernels' intervals
     for event in events:
         outside = DEVICE_ACTIVITIES.get(event.activity_type())
