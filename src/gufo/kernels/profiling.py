@@ -42,7 +42,7 @@ STAGE_OF_OP = {
     "gated_delta_rule": "delta_rule",
     "decode_layer": "decode_layer",
 }
-# the engine's ranges around its passes (Engine.prefill, Engine.decode and the batched decodes)
+# the engine's ranges around its passes (Engine.prefill; Engine.decode and decode_tokens)
 PREFILL_RANGE, DECODE_RANGE = "gufo.prefill", "gufo.decode"
 PHASE_OF_RANGE = {PREFILL_RANGE: "prefill", DECODE_RANGE: "decode"}
 
@@ -130,8 +130,7 @@ def ranged(kernel: Kernel, op: Op[Any], qtype: Any, options: ProfileOptions) -> 
         name_of, prepare = _layer_names(stage, kernel)
         object.__setattr__(wrapped, "prepare", prepare)
     else:
-        fixed = KernelRange(stage, kernel.name, 0).name
-        name_of = lambda *args: fixed  # noqa: E731
+        name_of = _fixed_name(KernelRange(stage, kernel.name, 0).name)
     apply = kernel.apply
 
     def apply_in_range(*args: Any, **kwargs: Any) -> Any:
@@ -142,6 +141,13 @@ def ranged(kernel: Kernel, op: Op[Any], qtype: Any, options: ProfileOptions) -> 
 
     object.__setattr__(wrapped, "apply", apply_in_range)
     return wrapped
+
+
+def _fixed_name(name: str) -> Callable[..., str]:
+    def name_of(*args: Any) -> str:
+        return name
+
+    return name_of
 
 
 def _weight_names(stage: str, kernel: str) -> Callable[..., str]:

@@ -109,11 +109,11 @@ def markdown(record: Mapping[str, object]) -> str:
     """One test's tables: stages, then kernels."""
     profile = record["profile"]
     total_ms = profile["total_ms"]
-    wall_ms = record["avg_ns"] * len(record["samples_ns"]) / 1e6
+    wall_ms = sum(record["samples_ns"]) / 1e6
     head = (
-        f"### {record['model_type']} · {record['test']} · {record['backends']} · {record['n_threads']} "
-        f"threads · {profile['repetitions']} repetitions: {total_ms:.1f} ms profiled, {wall_ms:.1f} ms "
-        f"timed by the runner\n\n"
+        f"### {record['model_type']} · {record['test']} · {record['backends']} · threads "
+        f"{record['n_threads']} · repetitions {profile['repetitions']}: {total_ms:.1f} ms profiled, "
+        f"{wall_ms:.1f} ms timed by the runner\n\n"
     )
     stage_lines = [
         "| phase | stage | launches | ms | share | µs/token | MB/token | GB/s | % peak |",
