@@ -83,6 +83,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/models/": ("golden",),
     "tests/models/test_converted_vs_transformers.py": ("golden", "system"),  # the converter runs apart
     "tests/parallel/": ("golden",),
+    "tests/profile/": ("golden",),
+    "tests/profile/test_stages.py": ("unit",),
     "tests/parallel/test_tp_equivalence.py": ("golden", "system"),
     "tests/parallel/test_tp_torchrun.py": ("golden", "system"),
     "tests/quality/": ("golden",),

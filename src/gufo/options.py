@@ -59,17 +59,30 @@ class KernelOptions:
 
 
 @dataclass(frozen=True)
+class ProfileOptions:
+    """Kernel calls inside torch.profiler ranges named by stage (`gufo profile`; gufo.kernels.profiling)."""
+
+    # debugging: sleep this long inside every launch of this stage, so a profile comparison must flag it
+    slow_stage: str | None = None
+    slow_seconds: float = 0.002
+
+
+@dataclass(frozen=True)
 class RunOptions:
-    """How an engine runs a model: the device, graph capture, CPU threads and the kernels' options."""
+    """How an engine runs a model: the device, graph capture, CPU threads, the kernels' options, and
+    whether its kernel calls are wrapped in profiler ranges (None: the kernels themselves, no wrapper)."""
 
     device: str = "cpu"
     graphs: bool = True  # GPU decode steps and full prefill chunks replay captured CUDA graphs
     threads: int | None = None  # CPU threads (torch's default when None)
     kernels: KernelOptions = field(default_factory=KernelOptions)
     mmap: bool = True  # the GGUF file is memory-mapped (False: read into memory, llama.cpp's --no-mmap)
+    profile: ProfileOptions | None = None
 
     def record(self) -> dict[str, object]:
         """The options as a flat JSON-ready dict (bench rows carry it next to `routes`)."""
         flat = asdict(self)
         flat.update(flat.pop("kernels"))
+        if self.profile is None:  # bench rows keep their fields
+            del flat["profile"]
         return flat

@@ -51,6 +51,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_workload_flags(parser)
+    parser.add_argument("-o", "--output", choices=FORMATS, default="md", help="format on stdout (default md)")
+    parser.add_argument(
+        "-oe",
+        "--output-err",
+        choices=FORMATS,
+        default=None,
+        help="also print results in this format on stderr",
+    )
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="sleep S seconds before each repetition",
+    )
+    parser.add_argument(
+        "--validate-prefill",
+        type=int,
+        default=None,
+        metavar="N",
+        help="first compare the final logits of N random tokens fed one at a time (decode path) with the "
+        "same N in one batched prefill; print two [Prefill Validation] lines on stderr; exit 1 before any "
+        "table unless both are finite with the same top-1 token (sequential_margin: the decode path's top-1 "
+        "lead over its runner-up, to tell a near-tie from a fault). With -p 0 -n 0 it runs alone",
+    )
+    add_tensor_parallel_flag(parser)
+    parser.set_defaults(func=run)
+
+
+def add_workload_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that say what is timed (`gufo profile` runs the same workload)."""
     parser.add_argument(
         "-m",
         "--model",
@@ -93,14 +125,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "spin unless OMP_WAIT_POLICY says otherwise)",
     )
     add_device_flags(parser)
-    parser.add_argument("-o", "--output", choices=FORMATS, default="md", help="format on stdout (default md)")
-    parser.add_argument(
-        "-oe",
-        "--output-err",
-        choices=FORMATS,
-        default=None,
-        help="also print results in this format on stderr",
-    )
     add_eager_flag(parser)
     add_llama_compat_flags(parser, mlock=False)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each test")
@@ -109,26 +133,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="report progress on stderr (default: when it is a terminal)",
     )
-    parser.add_argument(
-        "--delay",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="sleep S seconds before each repetition",
-    )
-    parser.add_argument(
-        "--validate-prefill",
-        type=int,
-        default=None,
-        metavar="N",
-        help="first compare the final logits of N random tokens fed one at a time (decode path) with the "
-        "same N in one batched prefill; print two [Prefill Validation] lines on stderr; exit 1 before any "
-        "table unless both are finite with the same top-1 token (sequential_margin: the decode path's top-1 "
-        "lead over its runner-up, to tell a near-tie from a fault). With -p 0 -n 0 it runs alone",
-    )
     add_speculative_flags(parser)
-    add_tensor_parallel_flag(parser)
-    parser.set_defaults(func=run)
 
 
 def make_plan(args: argparse.Namespace) -> BenchPlan:
@@ -179,10 +184,10 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
     )
 
 
-def progress_callback(args: argparse.Namespace) -> Progress | None:
+def progress_callback(args: argparse.Namespace, command: str = "bench") -> Progress | None:
     if not (args.progress or sys.stderr.isatty()):
         return None
-    return lambda message: print(f"gufo bench: {message}", file=sys.stderr, flush=True)
+    return lambda message: print(f"gufo {command}: {message}", file=sys.stderr, flush=True)
 
 
 def print_validation(result: PrefillValidation) -> None:

@@ -11,6 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("info", "describe a GGUF model file"),
     "bench": ("bench", "benchmark prompt processing and generation (llama-bench compatible)"),
     "compare": ("compare", "compare benchmark runs (gufo bench or llama-bench JSON) test by test"),
+    "profile": ("profile", "where bench's time goes per stage and kernel (torch.profiler); compare two"),
     "parity": (
         "parity",
         "check that speculative decoding reproduces plain greedy decoding on a prompt corpus",

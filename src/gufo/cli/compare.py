@@ -34,12 +34,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "-o", "--output", choices=("md", "json"), default="md", help="table format (default md)"
     )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="draw t/s against depth, a line per test and run (a -d sweep; needs matplotlib)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     labels = args.labels.split(",") if args.labels else None
     comparison = compare_runs(args.runs, labels)
+    if args.plot is not None:
+        from gufo.tools.plot import speed_against_depth
+
+        speed_against_depth(comparison.labels, comparison.depth_series(), args.plot)
     if args.control is not None and args.control not in comparison.labels[1:]:
         raise BadInputError(f"--control: {args.control!r} is not one of {','.join(comparison.labels[1:])}")
     if args.output == "json":

@@ -19,7 +19,7 @@ from gufo.engine.memory import peak_memory_bytes
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
-from gufo.kernels import backends
+from gufo.kernels import backends, profiling
 from gufo.kernels.positions import RowPositions
 from gufo.models.kv_cache import CacheSnapshot, KVCache
 from gufo.models.registry import build_model
@@ -79,7 +79,9 @@ class Engine:
         if options.threads:
             torch.set_num_threads(options.threads)
         self.tokenizer = Tokenizer.from_gguf(self.file.metadata)
-        self.model, self.load_seconds = load_model(self.file, self.backend, self._build, progress)
+        with profiling.ranges(options.profile):  # the kernels the model resolves, its decode route's too
+            self.model, self.load_seconds = load_model(self.file, self.backend, self._build, progress)
+            route = self.model.decode_route
         cfg = self.model.config
         self.context = min(context or DEFAULT_CONTEXT, cfg.context_length)
         if batch_size <= 0:
@@ -90,7 +92,6 @@ class Engine:
         # buffers reused from call to call (fresh copies pay page faults each time), and how many are valid
         self._checkpoints: dict[int, list[list[torch.Tensor]]] = {}
         self._checkpointed: dict[int, int] = {}
-        route = self.model.decode_route
         # GPU decode steps replay captured graphs unless `graphs` is off (eager op-by-op, for debugging)
         self.graph_decoder = None
         if options.graphs and self.backend == "cuda" and self.model.graph_capturable:
@@ -98,10 +99,14 @@ class Engine:
 
             # several tokens per graph step where the decode route is batch-invariant (speculative drafts)
             limit = (route.max_tokens or 1) if route.batch_invariant and self.multi_token_graphs else 1
-            self.graph_decoder = GraphDecoder(self.model, self.cache, backends.device_of(self.backend), limit)
-        # full prefill chunks (batch_size tokens) replay piecewise graphs around the attention
+            device = backends.device_of(self.backend)
+            # profiling: a graph's step runs uncaptured, so that each of its kernel calls is in its range
+            capture = options.profile is None
+            self.graph_decoder = GraphDecoder(self.model, self.cache, device, limit, capture)
+        # full prefill chunks (batch_size tokens) replay piecewise graphs around the attention (eager
+        # prefill runs the same kernels: profiling takes that)
         self.prefill_graphs = None
-        if self.graph_decoder is not None and self.multi_token_graphs:
+        if self.graph_decoder is not None and self.multi_token_graphs and options.profile is None:
             from gufo.engine.graphs.prefill import PrefillGraphs
 
             if PrefillGraphs.supports(self.model):
@@ -153,6 +158,10 @@ class Engine:
         self.check_fits(start + len(tokens))
         if not tokens:
             raise BadInputError("empty prompt: nothing to evaluate")
+        with profiling.phase_range(self.options.profile, profiling.PREFILL_RANGE):
+            return self._prefill(tokens, slot, start, all_logits)
+
+    def _prefill(self, tokens: Sequence[int], slot: int, start: int, all_logits: bool) -> torch.Tensor:
         ids = torch.tensor(list(tokens), dtype=torch.long)
         outputs = []
         for begin in range(0, len(tokens), self.batch_size):
@@ -170,7 +179,8 @@ class Engine:
     @torch.inference_mode()
     def decode(self, token: int, position: int, slot: int = 0) -> torch.Tensor:
         self.check_fits(position + 1)
-        return self.decode_step(token, position, slot).cpu()
+        with profiling.phase_range(self.options.profile, profiling.DECODE_RANGE):
+            return self.decode_step(token, position, slot).cpu()
 
     def forward(
         self, tokens: torch.Tensor, slot: int, start: int, all_logits: bool = False, per_token: bool = False
@@ -210,6 +220,10 @@ class Engine:
         decode step per token otherwise (a batched prefill would change near-tied greedy choices).
         They stay on the engine's device: greedy verification needs only each row's argmax there."""
         self.check_fits(position + len(tokens))
+        with profiling.phase_range(self.options.profile, profiling.DECODE_RANGE):
+            return self._decode_tokens(tokens, position, slot)
+
+    def _decode_tokens(self, tokens: Sequence[int], position: int, slot: int) -> torch.Tensor:
         recurrent = self.cache.recurrent
         if recurrent is not None:  # checkpoints for `keep_tokens`; no batched kernel takes this state yet
             rows = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from gufo.kernels import profiling
 from gufo.kernels.contracts import Kernel, Op
 
 REFERENCE_BACKEND = "torch"
@@ -37,7 +38,15 @@ def register(entry: Registration) -> None:
 
 def find(backend: str, op: Op[KernelType], qtype: Any = AnyQType) -> tuple[str, KernelType] | None:
     """(backend actually used, kernel): the backend's available kernel, else the torch reference's,
-    else None."""
+    else None. Inside `profiling.ranges(options)`, the kernel runs its calls in profiler ranges."""
+    found = _find(backend, op, qtype)
+    options = profiling.active()
+    if found is None or options is None:
+        return found
+    return found[0], profiling.ranged(found[1], op, qtype, options)  # type: ignore[return-value]
+
+
+def _find(backend: str, op: Op[KernelType], qtype: Any) -> tuple[str, KernelType] | None:
     name = op.name
     for key in ((backend, name, qtype), (backend, name, AnyQType)):
         kernel = _KERNELS.get(key)

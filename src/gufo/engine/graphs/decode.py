@@ -38,11 +38,21 @@ def record(graph: torch.cuda.CUDAGraph, pool: tuple, run: Callable[[], T]) -> T:
 
 
 class GraphDecoder:
-    def __init__(self, model: DecoderModel, cache: KVCache, device: torch.device, max_tokens: int = 1):
+    def __init__(
+        self,
+        model: DecoderModel,
+        cache: KVCache,
+        device: torch.device,
+        max_tokens: int = 1,
+        capture: bool = True,
+    ):
+        """`capture` False runs each step a graph would replay uncaptured, op by op from Python (the
+        kernels a replay runs, each launch seen by a profiler's ranges: `gufo profile`)."""
         self.model, self.cache, self.device = model, cache, device
         self.max_tokens = max_tokens
+        self.capture = capture
         self.inputs = torch.zeros(2, max_tokens, dtype=torch.long, device=device)  # token ids, positions
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
@@ -73,7 +83,7 @@ class GraphDecoder:
         """Capture the graphs of 1..n_tokens tokens on `slot` now (their warm-ups write KV at the end of
         the cache, which a sequence overwrites before it reads there), so timed steps replay them."""
         context = self.cache.context
-        for count in range(1, min(n_tokens, self.max_tokens, context) + 1):
+        for count in range(1, min(n_tokens, self.max_tokens, context) + 1 if self.capture else 0):
             if (slot, count) not in self.graphs:
                 self.inputs[0, :count].zero_()
                 self.inputs[1, :count].copy_(torch.arange(context - count, context))
@@ -99,6 +109,8 @@ class GraphDecoder:
         else:  # one copy (drafts are verified after the previous step's logits were read anyway)
             given = torch.tensor([list(tokens), list(range(position, position + n_tokens))])
             self.inputs[:, :n_tokens].copy_(given)
+        if not self.capture:
+            return self._forward(slot, n_tokens)
         key = (slot, n_tokens)
         if key not in self.graphs:
             self.graphs[key] = self._capture(slot, n_tokens)

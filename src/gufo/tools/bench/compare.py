@@ -135,6 +135,19 @@ class Comparison:
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
 
+    def depth_series(self) -> dict[str, dict[str, list[tuple[int, float, float]]]]:
+        """Test at depth 0 (e.g. `tg128`, the model named when runs hold several) -> run label ->
+        (depth, mean t/s, std) points: the speed of each run against the depth of a sweep."""
+        models = {k.model for k in self.keys}
+        series: dict[str, dict[str, list[tuple[int, float, float]]]] = {}
+        for key in self.keys:
+            name = TestKey(key.model, key.n_prompt, key.n_gen, 0).test_name
+            runs = series.setdefault(name if len(models) == 1 else f"{key.model} {name}", {})
+            for label, run in zip(self.labels, self.runs, strict=True):
+                if key in run:
+                    runs.setdefault(label, []).append((key.n_depth, run[key].mean, run[key].std))
+        return series
+
     def as_json(self) -> list[dict[str, object]]:
         out = []
         for key in self.keys:

@@ -10,6 +10,7 @@ block of ids repeated), timing the n_gen tokens that follow the prompt's own pre
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import time
@@ -86,6 +87,8 @@ def sample_stddev(values: list[float] | list[int]) -> float:
 
 
 Progress = Callable[[str], None]
+# a context around each timed repetition (test, repetition index), e.g. a profiler's range
+AroundRepetition = Callable[[BenchTest, int], contextlib.AbstractContextManager]
 
 
 class BenchRunner:
@@ -100,6 +103,7 @@ class BenchRunner:
         delay: float = 0.0,
         progress: Progress | None = None,
         speculator: Speculator | None = None,
+        around_repetition: AroundRepetition | None = None,
     ):
         self.engine = engine
         self.repetitions = repetitions
@@ -108,6 +112,7 @@ class BenchRunner:
         self.delay = delay
         self.progress = progress or (lambda _message: None)
         self.speculator = speculator
+        self.around_repetition = around_repetition or (lambda _test, _rep: contextlib.nullcontext())
         self._depths: dict[int, CacheSnapshot] = {}
         self._random = random.Random(SEED)
 
@@ -127,7 +132,8 @@ class BenchRunner:
                     time.sleep(self.delay)
                 self.progress(f"{label}: repetition {rep + 1}/{self.repetitions}")
                 self._restore_depth(test.n_depth)
-                samples.append(self._time_once(test))
+                with self.around_repetition(test, rep):
+                    samples.append(self._time_once(test))
                 if stats is not None:
                     stats.add(self.speculator.stats)
             yield Timing(test, samples, stats)

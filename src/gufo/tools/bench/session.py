@@ -18,7 +18,7 @@ from gufo.options import RunOptions
 from gufo.parallel.engine import open_engine
 from gufo.tools.bench.machine import backend_label, device_name
 from gufo.tools.bench.report import make_record, model_fields
-from gufo.tools.bench.runner import BenchRunner, Progress
+from gufo.tools.bench.runner import AroundRepetition, BenchRunner, Progress
 from gufo.tools.bench.workload import BenchTest
 from gufo.tools.quality.validate_prefill import PrefillValidation, add_prefill_noise, validate_prefill
 
@@ -39,6 +39,7 @@ class BenchPlan:
     speculative: SpeculativeParams | None = None  # adds speculative twins of generation tests
     draft_model: str | None = None
     tensor_parallel: int = 1  # processes (torchrun ranks) the model is sharded over
+    around_repetition: AroundRepetition | None = None  # `gufo profile`: a range around each timed run
 
     @property
     def needed_context(self) -> int:
@@ -151,7 +152,14 @@ def run_benchmarks(
                     **({"draft_model": Path(plan.draft_model).name} if plan.draft_model else {}),
                 }
             runner = BenchRunner(
-                engine, plan.repetitions, n_batch, plan.warmup, plan.delay, progress, speculator
+                engine,
+                plan.repetitions,
+                n_batch,
+                plan.warmup,
+                plan.delay,
+                progress,
+                speculator,
+                plan.around_repetition,
             )
             timings = runner.run(plan.tests)
             while True:
