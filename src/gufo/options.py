@@ -58,6 +58,23 @@ class KernelOptions:
         return options
 
 
+# `gufo profile`'s stage of each registry op, by op name (a linear's adds its block format: linear.Q4_K)
+STAGE_OF_OP = {
+    "linear": "linear",
+    "rms_norm": "norm",
+    "add_rms_norm": "norm",
+    "rms_norm_rope": "norm_rope",
+    "rope": "rope",
+    "attention_heads": "attention",
+    "attention_prefill": "attention",
+    "attention_decode": "attention",
+    "gated_act": "activation",
+    "causal_conv1d": "conv",
+    "gated_delta_rule": "delta_rule",
+    "decode_layer": "decode_layer",
+}
+
+
 @dataclass(frozen=True)
 class ProfileOptions:
     """Kernel calls inside torch.profiler ranges named by stage (`gufo profile`; gufo.kernels.profiling)."""

@@ -13,8 +13,7 @@ from gufo.cli.bench import add_workload_flags, make_plan, progress_callback
 from gufo.cli.commands import summary
 from gufo.cli.common import positive_float
 from gufo.errors import BadInputError, CheckFailedError
-from gufo.kernels.profiling import STAGE_OF_OP
-from gufo.options import ProfileOptions
+from gufo.options import STAGE_OF_OP, ProfileOptions
 
 EPILOG = """\
 The workload is gufo bench's (same flags, same token ids, same warm-up); only the timed repetitions

@@ -6,9 +6,9 @@ While `ranges(options)` is active (the engine builds its model in it when `RunOp
 call reads: `linear.Q4_K|cpu-int8-avx2|1769472` (see `KernelRange`). Outside it, or with
 `RunOptions.profile` None, the model holds the kernels themselves: no wrapper, nothing to pay.
 
-Stages are named from the registry's ops (`STAGE_OF_OP`), a linear by its block format. The fused CPU
-decode layer runs a whole layer in one C call, so its stage is `decode_layer`: its products, norms and
-attention are not timed apart (its bytes are those of the layer's weights).
+Stages are named from the registry's ops (`gufo.options.STAGE_OF_OP`), a linear by its block format.
+The fused CPU decode layer runs a whole layer in one C call, so its stage is `decode_layer`: its
+products, norms and attention are not timed apart (its bytes are those of the layer's weights).
 """
 
 from __future__ import annotations
@@ -25,23 +25,8 @@ import torch
 from torch.profiler import record_function
 
 from gufo.kernels.contracts import DECODE_LAYER, LINEAR, Kernel, LayerSpec, Op
-from gufo.options import ProfileOptions
+from gufo.options import STAGE_OF_OP, ProfileOptions
 
-# the stage of each registry op (a linear's stage adds its block format: linear.Q4_K)
-STAGE_OF_OP = {
-    "linear": "linear",
-    "rms_norm": "norm",
-    "add_rms_norm": "norm",
-    "rms_norm_rope": "norm_rope",
-    "rope": "rope",
-    "attention_heads": "attention",
-    "attention_prefill": "attention",
-    "attention_decode": "attention",
-    "gated_act": "activation",
-    "causal_conv1d": "conv",
-    "gated_delta_rule": "delta_rule",
-    "decode_layer": "decode_layer",
-}
 # the engine's ranges around its passes (Engine.prefill; Engine.decode and decode_tokens)
 PREFILL_RANGE, DECODE_RANGE = "gufo.prefill", "gufo.decode"
 PHASE_OF_RANGE = {PREFILL_RANGE: "prefill", DECODE_RANGE: "decode"}
