@@ -18,6 +18,7 @@ DEPENDENT_LAUNCH_ENV = "GUFO_DEPENDENT_LAUNCH"
 DEFAULT_INT8_MIN_WEIGHTS = 2**21
 DEFAULT_CONTEXT = 4096  # tokens of KV cache, capped at the model's context length
 DEFAULT_BATCH = 2048  # prompt tokens per prefill pass
+POOLINGS = ("mean", "last")  # how an embedding pools its tokens' hidden states (`Engine.embed`)
 
 
 @dataclass(frozen=True)

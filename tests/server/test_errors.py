@@ -25,6 +25,10 @@ ROUTES = [
     ("GET", "/v1/models"),
     ("POST", CHAT),
     ("POST", COMPLETIONS),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("GET", f"/v1/models/{MODEL}"),
 ]
 
 

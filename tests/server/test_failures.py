@@ -131,18 +131,53 @@ chat_bodies = bodies(
 completion_bodies = bodies(
     {
         "model": st.just(MODEL),
-        "prompt": st.text(min_size=1, max_size=30) | st.lists(st.integers(0, 49151), max_size=40),
+        "prompt": st.text(min_size=1, max_size=30)
+        | st.lists(st.integers(0, 49151), max_size=40)
+        | st.lists(st.text(min_size=1, max_size=10), min_size=1, max_size=2),
     },
     {"model": st.just(MODEL) | json_values, "prompt": st.lists(numbers, max_size=4) | json_values},
     COMPLETION_PLAUSIBLE,
 )
+EMBEDDINGS, TOKENIZE, DETOKENIZE = "/v1/embeddings", "/tokenize", "/detokenize"
+embedding_bodies = bodies(
+    {
+        "input": st.text(min_size=1, max_size=20)
+        | st.lists(st.text(min_size=1, max_size=10), min_size=1, max_size=3)
+        | st.lists(st.integers(0, 49151), min_size=1, max_size=10)
+    },
+    {"input": json_values | st.lists(st.lists(numbers, max_size=3), max_size=3)},
+    {
+        "model": st.just(MODEL),
+        "encoding_format": st.sampled_from(["float", "base64"]),
+        "dimensions": st.integers(1, 1000),
+    },
+)
+tokenize_bodies = bodies(
+    {"content": st.text(max_size=30)},
+    {"content": json_values},
+    {"add_special": st.booleans(), "parse_special": st.booleans(), "with_pieces": st.booleans()},
+)
+detokenize_bodies = bodies(
+    {"tokens": st.lists(st.integers(0, 49151), max_size=10)}, {"tokens": st.lists(numbers, max_size=4)}, {}
+)
 ROUTES = [
     ("POST", CHAT),
     ("POST", COMPLETIONS),
+    ("POST", EMBEDDINGS),
+    ("POST", TOKENIZE),
+    ("POST", DETOKENIZE),
     ("GET", "/health"),
     ("GET", "/metrics"),
     ("GET", "/v1/models"),
+    ("GET", f"/v1/models/{MODEL}"),
 ]
+STRATEGIES = {
+    CHAT: chat_bodies,
+    COMPLETIONS: completion_bodies,
+    EMBEDDINGS: embedding_bodies,
+    TOKENIZE: tokenize_bodies,
+    DETOKENIZE: detokenize_bodies,
+}
 
 
 def encode(value) -> bytes:
@@ -158,7 +193,7 @@ def greedy_before(server) -> str:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzz_every_route_gets_no_500(server, greedy_before, method, path, data):
-    strategy = {CHAT: chat_bodies, COMPLETIONS: completion_bodies}.get(path, json_values)
+    strategy = STRATEGIES.get(path, json_values)
     status, answer = server.request(method, path, encode(data.draw(strategy)))
     event(f"{path} {status}")  # --hypothesis-show-statistics shows how many reached generation
     if status == 200:

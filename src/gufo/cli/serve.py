@@ -19,18 +19,22 @@ from gufo.cli.common import (
     speculative_params,
 )
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
+from gufo.options import POOLINGS
 from gufo.server.settings import DEFAULT_PREFILL_CHUNK, ServerSettings
 
 DEFAULTS = ServerSettings(model_id="")
 
 EPILOG = """\
-Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health (503 while
-the model loads), GET /metrics (Prometheus text; with --speculative, gufo_draft_tokens_total and
-gufo_draft_tokens_accepted_total count drafts; gufo_worker_up is 0 once generation has stopped, and
-/health is 503 then). Errors use OpenAI's error object; a parameter the server does not implement is a
-400 naming it, never ignored (n, best_of, suffix, tools, tool_choice and response_format only at their
-no-op values). Request extensions: top_k, min_p, repeat_penalty (llama.cpp sampling), stop_token_ids,
-cache_prompt=false (no prefix reuse).
+Endpoints: POST /v1/chat/completions, POST /v1/completions (a prompt, or a list of them: one choice
+each), POST /v1/embeddings (unit-length vectors; encoding_format float or base64), GET /v1/models,
+GET /v1/models/ID, POST /tokenize and POST /detokenize (llama-server's), the chat page at / (--webui),
+GET /health (503 while the model loads), GET /metrics (Prometheus text; with --speculative,
+gufo_draft_tokens_total and gufo_draft_tokens_accepted_total count drafts; gufo_worker_up is 0 once
+generation has stopped, and /health is 503 then). Errors use OpenAI's error object; a parameter the
+server does not implement is a 400 naming it, never ignored (n, best_of, suffix, tools, tool_choice and
+response_format only at their no-op values). Request extensions: top_k, min_p, repeat_penalty
+(llama.cpp sampling), stop_token_ids, cache_prompt=false (no prefix reuse); max_completion_tokens is
+max_tokens' newer name in chat completions.
 Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms; with
 speculation also draft_n and draft_n_accepted).
 With --speculative each request drafts and verifies in its own slot (a draft model gets as many slots
@@ -126,6 +130,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"prompt tokens prefilled per scheduler step, between decode steps "
         f"(default {DEFAULT_PREFILL_CHUNK})",
     )
+    parser.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        default=DEFAULTS.pooling,
+        help="how /v1/embeddings pools the output norm's values over the input's tokens: their mean, or "
+        f"the last token's (default {DEFAULTS.pooling})",
+    )
+    parser.add_argument(
+        "--cors-origins",
+        default=None,
+        metavar="ORIGINS",
+        help="comma-separated browser origins (e.g. http://localhost:3000, or *) allowed to call the API "
+        "from their pages (CORS; default: none)",
+    )
+    parser.add_argument(
+        "--webui",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the built-in chat page at / (default: on when --host is 127.0.0.1 or localhost; "
+        "--no-webui turns it off)",
+    )
     add_speculative_flags(parser)
     parser.set_defaults(func=run)
 
@@ -135,6 +160,13 @@ def model_id(args: argparse.Namespace, path: Path) -> str:
         return args.served_model_name
     name = args.model or DEFAULT_MODEL
     return name if name in ALIASES else path.stem
+
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def cors_origins(value: str | None) -> tuple[str, ...]:
+    return tuple(origin.strip() for origin in (value or "").split(",") if origin.strip())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,6 +194,9 @@ def run(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         speculative=speculative,
         draft_model=args.draft_model,
+        pooling=args.pooling,
+        cors_origins=cors_origins(args.cors_origins),
+        webui=args.host in LOCAL_HOSTS if args.webui is None else args.webui,
     )
     if args.tensor_parallel > 1:
         preflight(model_file, args.tensor_parallel)  # refused before anything listens

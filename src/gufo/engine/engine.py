@@ -23,7 +23,7 @@ from gufo.kernels import backends, profiling
 from gufo.kernels.positions import RowPositions
 from gufo.models.kv_cache import CacheSnapshot, KVCache
 from gufo.models.registry import build_model
-from gufo.options import DEFAULT_BATCH, DEFAULT_CONTEXT, RunOptions
+from gufo.options import DEFAULT_BATCH, DEFAULT_CONTEXT, POOLINGS, RunOptions
 from gufo.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,25 @@ class Engine:
             if all_logits or is_last:
                 outputs.append(logits)
         return (torch.cat(outputs) if all_logits else outputs[-1][-1]).cpu()
+
+    @torch.inference_mode()
+    def embed(self, tokens: Sequence[int], pooling: str = "mean") -> torch.Tensor:
+        """The output norm's values [n_embd] (float32, on the CPU) for `tokens`, pooled over them: their
+        "mean", or the "last" token's. Runs in a scratch cache of its own, so no slot's KV changes."""
+        self.check_fits(len(tokens))
+        if not tokens:
+            raise BadInputError("empty input: nothing to embed")
+        if pooling not in POOLINGS:
+            raise BadInputError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        scratch = self.model.new_cache(1, len(tokens))
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        total = None
+        for begin in range(0, len(tokens), self.batch_size):
+            hidden = self.model.final_hidden(ids[begin : begin + self.batch_size], scratch, 0, begin)
+            normed = self.model.output_norm(hidden).float()
+            total = normed.sum(0) if total is None else total + normed.sum(0)
+        pooled = normed[-1] if pooling == "last" else total / len(tokens)
+        return pooled.cpu()
 
     @torch.inference_mode()
     def decode(self, token: int, position: int, slot: int = 0) -> torch.Tensor:

@@ -475,6 +475,18 @@ class DecoderModel:
         A DevicePosition keeps every position-dependent step on the device, so the call
         can be captured in a CUDA graph. `per_token` runs several tokens through the decode-layer
         kernel instead of the prefill layers (speculative verification; see `Engine.decode_tokens`)."""
+        return self.head(self.final_hidden(tokens, cache, slot, start_pos, per_token), all_logits)
+
+    def final_hidden(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        slot: int,
+        start_pos: int | DevicePosition,
+        per_token: bool = False,
+    ) -> torch.Tensor:
+        """The residual stream after the last layer [T, n_embd] (before the output norm), writing the
+        tokens' KV into `slot` of `cache` as `forward` does."""
         x = self.embed(tokens)
         tables = {rope: self.rope_tables(rope, start_pos, tokens.shape[0], cache) for rope in self.ropes}
         prefill = tokens.shape[0] > 1 and not per_token
@@ -482,7 +494,7 @@ class DecoderModel:
             x = self.block(index, x, tables, cache, slot, start_pos, per_token=per_token)
             if prefill and index in self.prefill_taps:
                 x = self.prefill_taps[index](x)
-        return self.head(x, all_logits)
+        return x
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (1-D) -> the residual stream's first values [T, n_embd]."""

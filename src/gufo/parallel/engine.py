@@ -3,6 +3,7 @@ step that touches the model, the KV cache or the thread pool to the other ranks 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 
 from gufo.engine.engine import Engine
 from gufo.engine.loader import LoadProgress
+from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.models.kv_cache import CacheSnapshot
 from gufo.models.registry import build_model
@@ -62,6 +64,11 @@ class ShardedEngine(Engine):
         if self.mirror is not None:
             self.mirror.forward(tokens.tolist(), slot, start, all_logits, per_token)
         return super().forward(tokens, slot, start, all_logits, per_token)
+
+    def embed(self, tokens: Sequence[int], pooling: str = "mean") -> torch.Tensor:
+        raise BadInputError(
+            "embeddings are not supported with --tensor-parallel (the ranks would not follow)"
+        )
 
     def decode_step(self, token: int, position: int, slot: int) -> torch.Tensor:
         if self.mirror is not None:

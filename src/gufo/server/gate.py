@@ -25,10 +25,18 @@ class Gate:
     through, so the app still sees the client's disconnect.
     """
 
-    def __init__(self, app: ASGIApp, settings: ServerSettings, metrics: Metrics, routes: Collection[str]):
-        """`routes`: the paths counted by name in the metrics; any other counts as "other"."""
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: ServerSettings,
+        metrics: Metrics,
+        routes: Collection[str],
+        open_paths: Collection[str] = (),
+    ):
+        """`routes`: the paths counted by name in the metrics; any other counts as "other". `open_paths`
+        need no API key (the chat page's files: the page asks for the key)."""
         self.app = app
-        self.settings, self.metrics, self.routes = settings, metrics, routes
+        self.settings, self.metrics, self.routes, self.open_paths = settings, metrics, routes, open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -42,7 +50,8 @@ class Gate:
             await send(message)
 
         try:
-            self._check_key(scope)
+            if scope["path"] not in self.open_paths:
+                self._check_key(scope)
             body = await self._read_body(scope, receive)
         except ApiError as err:
             await err.response()(scope, receive, counted_send)

@@ -139,6 +139,7 @@ class Shape:
     """How one endpoint lays out its responses and stream chunks."""
 
     object_name = chunk_name = id_prefix = ""
+    index = 0  # the choice's index: a prompt's place in a completions request's list
 
     def __init__(self, model_id: str, tokenizer: Tokenizer):
         self.model_id = model_id
@@ -169,7 +170,7 @@ class ChatShape(Shape):
     def first_chunk(self) -> dict:
         role = {"role": "assistant", "content": ""}
         return self.envelope(
-            self.chunk_name, [{"index": 0, "delta": role, "logprobs": None, "finish_reason": None}]
+            self.chunk_name, [{"index": self.index, "delta": role, "logprobs": None, "finish_reason": None}]
         )
 
     def _logprob(self, token: int, logprob: float | None) -> dict:
@@ -190,7 +191,7 @@ class ChatShape(Shape):
             }
         message = ({"content": text} if text else {}) if delta else {"role": "assistant", "content": text}
         key = "delta" if delta else "message"
-        return {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": self.index, key: message, "logprobs": logprobs, "finish_reason": finish}
 
 
 class CompletionShape(Shape):
@@ -205,7 +206,7 @@ class CompletionShape(Shape):
                 "token_logprobs": [e.logprob for e in tokens],
                 "top_logprobs": [{token_text(t): v for t, v in e.top or []} for e in tokens],
             }
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
 async def collect(generation: Generation, shape: Shape) -> dict:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -20,7 +21,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gufo import __version__
 from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
+from gufo.server import webui
+from gufo.server.embeddings import (
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+    detokenize,
+    embeddings,
+    tokenize,
+)
 from gufo.server.gate import Gate
+from gufo.server.prompts import collect_all, stream_all
 from gufo.server.responses import ApiError, ChatShape, CompletionShape, Generation, collect, stream_events
 from gufo.server.scheduler import Job, QueueFullError, WorkerDeadError
 from gufo.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -31,7 +42,16 @@ from gufo.server.text import TextStream
 log = logging.getLogger(__name__)
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
-ROUTES = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
+ROUTES = (
+    "/health",
+    "/metrics",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/tokenize",
+    "/detokenize",
+)
 
 
 async def parse(request: Request, model: type[RequestT]) -> RequestT:
@@ -76,7 +96,17 @@ def create_app(
 
     app = FastAPI(title="gufo", version=__version__, lifespan=lifespan)
     app.state.gufo = state  # for `make_server`'s shutdown
-    app.add_middleware(Gate, settings=settings, metrics=state.metrics, routes=ROUTES)
+    open_paths = webui.PAGE_PATHS if settings.webui else ()
+    app.add_middleware(Gate, settings=settings, metrics=state.metrics, routes=ROUTES, open_paths=open_paths)
+    if settings.cors_origins:  # outside the gate: a browser's preflight request carries no API key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+        )
+    if settings.webui:
+        webui.register(app)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
@@ -106,10 +136,47 @@ def create_app(
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(state.gauges), media_type="text/plain; version=0.0.4")
 
+    def model_entry() -> dict:
+        return {"id": settings.model_id, "object": "model", "created": state.started, "owned_by": "gufo"}
+
+    def check_model(name: str | None) -> None:
+        """A request naming a model must name the served one (naming none is llama-server's default)."""
+        if name is not None and name != settings.model_id:
+            raise ApiError(
+                404,
+                f"model '{name}' does not exist (this server has '{settings.model_id}')",
+                param="model",
+                code="model_not_found",
+            )
+
     @app.get("/v1/models")
     async def models() -> dict:
-        entry = {"id": settings.model_id, "object": "model", "created": state.started, "owned_by": "gufo"}
-        return {"object": "list", "data": [entry]}
+        return {"object": "list", "data": [model_entry()]}
+
+    @app.get("/v1/models/{model_name:path}")
+    async def model(model_name: str) -> dict:
+        check_model(model_name)
+        return model_entry()
+
+    @app.post("/v1/embeddings")
+    async def embedding(request: Request) -> dict:
+        body = await parse(request, EmbeddingRequest)
+        check_model(body.model)
+        runtime = state.ready()
+        engine = runtime.engine
+        return await embeddings(
+            body, runtime.scheduler, engine.tokenizer, engine.context, settings.pooling, settings.model_id
+        )
+
+    @app.post("/tokenize")
+    async def tokenize_text(request: Request) -> dict:
+        body = await parse(request, TokenizeRequest)
+        return tokenize(body, state.ready().engine.tokenizer)
+
+    @app.post("/detokenize")
+    async def detokenize_ids(request: Request) -> dict:
+        body = await parse(request, DetokenizeRequest)
+        return detokenize(body, state.ready().engine.tokenizer)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -121,45 +188,53 @@ def create_app(
             prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special=True, parse_special=True)
         except BadInputError as err:
             raise ApiError(400, str(err), param="messages") from None
-        return await respond(request, runtime, body, prompt_ids, chat=True)
+        return await respond(request, runtime, body, prompt_ids, "", chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
         runtime = state.ready()
         tok = runtime.engine.tokenizer
-        if isinstance(body.prompt, str):
-            prompt_ids = tok.encode(body.prompt, add_special=True, parse_special=True)
-        else:
-            prompt_ids = list(body.prompt)
-            if not all(0 <= t < tok.vocab_size for t in prompt_ids):
-                raise ApiError(400, f"prompt: token ids must be in [0, {tok.vocab_size})", param="prompt")
         if body.echo and body.logprobs is not None:  # OpenAI would score the prompt tokens too
             message = "echo: not supported together with logprobs (prompt tokens are not scored)"
             raise ApiError(400, message, param="echo", code="invalid_value")
-        echo = ""
-        if body.echo:
-            echo = body.prompt if isinstance(body.prompt, str) else tok.decode(prompt_ids)
-        return await respond(request, runtime, body, prompt_ids, chat=False, echo=echo)
+        several = body.several_prompts
+        checked: list[tuple[list[int], str]] = []  # each prompt's ids and its echo
+        for index, prompt in enumerate(body.prompts()):
+            field_name = f"prompt.{index}" if several else "prompt"
+            if isinstance(prompt, str):
+                prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
+            else:
+                prompt_ids = list(prompt)
+                if not all(0 <= t < tok.vocab_size for t in prompt_ids):
+                    message = f"{field_name}: token ids must be in [0, {tok.vocab_size})"
+                    raise ApiError(400, message, param=field_name)
+            echo = ""
+            if body.echo:
+                echo = prompt if isinstance(prompt, str) else tok.decode(prompt_ids)
+            check_prompt(runtime, body, prompt_ids, field_name)
+            checked.append((prompt_ids, echo))
+        if not several:
+            return await respond(request, runtime, body, *checked[0], chat=False)
+        generations: list[Generation] = []
+        try:
+            for prompt_ids, echo in checked:
+                generations.append(start(runtime, body, prompt_ids, echo))
+        except ApiError:  # a full queue: the prompts already submitted go too
+            for generation in generations:
+                runtime.scheduler.cancel(generation.job)
+            raise
+        shape = CompletionShape(settings.model_id, tok)
+        if body.stream:
+            return event_stream(stream_all(generations, shape, body.include_usage))
+        return await until_disconnect(request, collect_all(generations, shape))
 
-    async def respond(
-        request: Request,
-        runtime: Runtime,
-        body: GenerationRequest,
-        prompt_ids: list[int],
-        chat: bool,
-        echo: str = "",
-    ):
-        """`echo`: text put before the generated text (completions' echo)."""
-        if body.model is not None and body.model != settings.model_id:
-            raise ApiError(
-                404,
-                f"model '{body.model}' does not exist (this server has '{settings.model_id}')",
-                param="model",
-                code="model_not_found",
-            )
+    def check_prompt(
+        runtime: Runtime, body: GenerationRequest, prompt_ids: list[int], field_name: str
+    ) -> None:
+        """A request's model and limits, and a prompt that leaves room in the context."""
+        check_model(body.model)
         context = runtime.engine.context
-        field_name = "messages" if chat else "prompt"
         if not prompt_ids:
             raise ApiError(400, f"{field_name}: empty prompt", param=field_name)
         if len(prompt_ids) >= context:
@@ -177,8 +252,12 @@ def create_app(
         if not all(0 <= t < vocab_size for t in body.biased_token_ids()):
             message = f"logit_bias: token ids must be in [0, {vocab_size})"
             raise ApiError(400, message, param="logit_bias", code="invalid_value")
+
+    def start(runtime: Runtime, body: GenerationRequest, prompt_ids: list[int], echo: str) -> Generation:
+        """Submit a checked prompt's job; `echo`: text put before the generated text (completions')."""
+        _, asked = body.token_limit()
         # The context bounds the output too; a reply cut by it ends with finish_reason "length".
-        limit = min(asked or settings.max_tokens, context - len(prompt_ids))
+        limit = min(asked or settings.max_tokens, runtime.engine.context - len(prompt_ids))
         stop_ids = frozenset(body.stop_token_ids or ())
         job = Job(
             prompt_ids,
@@ -197,15 +276,33 @@ def create_app(
         except WorkerDeadError as err:
             raise ApiError(503, str(err), "unavailable_error", code="worker_stopped") from None
         text = TextStream(runtime.engine.tokenizer, body.stop_strings(), stop_ids)
-        generation = Generation(runtime.scheduler, job, text, settings.request_timeout, echo)
+        return Generation(runtime.scheduler, job, text, settings.request_timeout, echo)
+
+    async def respond(
+        request: Request,
+        runtime: Runtime,
+        body: GenerationRequest,
+        prompt_ids: list[int],
+        echo: str,
+        chat: bool,
+    ):
+        """One prompt's answer, checked already (the chat's is checked here)."""
+        if chat:
+            check_prompt(runtime, body, prompt_ids, "messages")
+        generation = start(runtime, body, prompt_ids, echo)
         shape = (ChatShape if chat else CompletionShape)(settings.model_id, runtime.engine.tokenizer)
         if body.stream:
-            return StreamingResponse(
-                stream_events(generation, shape, body.include_usage),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        task = asyncio.ensure_future(collect(generation, shape))
+            return event_stream(stream_events(generation, shape, body.include_usage))
+        return await until_disconnect(request, collect(generation, shape))
+
+    def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    async def until_disconnect(request: Request, answer: Awaitable[dict]):
+        """`answer`'s JSON, or nothing once the client has gone away (its jobs are cancelled)."""
+        task = asyncio.ensure_future(answer)
         watcher = asyncio.ensure_future(cancel_on_disconnect(request, task))
         try:
             return await task

@@ -13,6 +13,7 @@ the job ends (end-of-generation, a stop id or max_tokens), so nothing past its e
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -118,6 +119,7 @@ class Scheduler:
         self.slot_tokens: list[list[int]] = [[] for _ in range(self.n_slots)]  # ids whose KV is valid
         self.active: dict[int, Job] = {}  # slot -> job, in admission order
         self.waiting: deque[Job] = deque()
+        self._calls: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()  # see `call`
         self._cond = threading.Condition()
         self._stopping = False
         self._aborting: FinishEvent | None = None  # set by `abort`: the event every job gets
@@ -147,6 +149,17 @@ class Scheduler:
                 )
             self.waiting.append(job)
             self._cond.notify()
+
+    def call(self, work: Callable[[], object]) -> concurrent.futures.Future:
+        """Run `work` on the worker thread between two steps (the engine is not thread-safe): its result
+        or exception in the future returned. For engine work outside the slots (embeddings)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self.failure is not None:
+                raise WorkerDeadError(f"the generation worker has stopped: {self.failure}")
+            self._calls.append((work, future))
+            self._cond.notify()
+        return future
 
     def cancel(self, job: Job, reason: str = "cancelled") -> None:
         """Stop a job; its slot is freed at the next step and `reason` counted in the metrics (the first
@@ -185,7 +198,7 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self.active and not self.waiting:
+                while not self._stopping and not self.active and not self.waiting and not self._calls:
                     self._cond.wait()
                 if self._stopping:
                     return
@@ -194,9 +207,21 @@ class Scheduler:
                     continue
                 self._drop_cancelled()
                 self._admit()
+                calls = list(self._calls)
+                self._calls.clear()
+            for work, future in calls:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(work())
+                    except Exception as err:  # the caller's failure, not the worker's
+                        future.set_exception(err)
             self._step()
 
     def _fail_all(self, event: FinishEvent) -> None:
+        for _, future in self._calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(WorkerDeadError(event.error or "the generation worker stopped"))
+        self._calls.clear()
         for job in self.waiting:
             job.post(event)
             self.metrics.finish(event.reason)

@@ -225,7 +225,8 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str | list[int] = Field(min_length=1)
+    # one prompt (text or token ids), or several: one choice each
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     best_of: int | None = None
@@ -247,6 +248,14 @@ class CompletionRequest(GenerationRequest):
 
     def token_limit(self) -> tuple[str, int | None]:
         return "max_tokens", self.max_tokens
+
+    @property
+    def several_prompts(self) -> bool:
+        """Whether `prompt` is a list of prompts (texts or token id lists), not one prompt."""
+        return not isinstance(self.prompt, str) and not isinstance(self.prompt[0], int)
+
+    def prompts(self) -> list[str | list[int]]:
+        return list(self.prompt) if self.several_prompts else [self.prompt]
 
     def logprob_count(self) -> int | None:
         return self.logprobs

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gufo.engine.params import SpeculativeParams
+from gufo.options import POOLINGS
 
 DEFAULT_PREFILL_CHUNK = 512  # prompt tokens prefilled per scheduler step, between decode steps
 
@@ -23,3 +24,6 @@ class ServerSettings:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     speculative: SpeculativeParams | None = None  # None: plain decoding
     draft_model: str | None = None  # with speculative mode "draft"
+    pooling: str = POOLINGS[0]  # how /v1/embeddings pools the tokens' hidden states
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS); none by default
+    webui: bool = False  # serve the chat page at /

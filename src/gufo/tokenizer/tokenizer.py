@@ -229,9 +229,13 @@ class Tokenizer:
         """Text of ``ids``; invalid UTF-8 (a character cut at the end) becomes U+FFFD."""
         return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
 
+    def piece(self, token_id: int) -> bytes:
+        """One token's bytes, special tokens rendered (llama.cpp ``common_token_to_piece``)."""
+        return self._piece(token_id, special=True)
+
     def token_text(self, token_id: int) -> str:
         """One token as text for display: its piece, with bytes that are not UTF-8 as ``<0xXX>``."""
-        piece = self._piece(token_id, special=True)
+        piece = self.piece(token_id)
         try:
             return piece.decode("utf-8")
         except UnicodeDecodeError:

@@ -267,19 +267,18 @@ class Qwen35Model(DecoderModel):
         layer = self.layers[index]
         return layer(x, tables.get(layer.attn.rope), cache, index, slot, start_pos)
 
-    def forward(
+    def final_hidden(
         self,
         tokens: torch.Tensor,
         cache: KVCache,
         slot: int,
         start_pos: int | DevicePosition,
-        all_logits: bool = False,
         per_token: bool = False,
     ) -> torch.Tensor:
-        """As `DecoderModel.forward`; a pass from position 0 starts the slot's recurrent state afresh, any
-        other continues it (so it must continue the sequence the state holds)."""
+        """As `DecoderModel.final_hidden`; a pass from position 0 starts the slot's recurrent state afresh,
+        any other continues it (so it must continue the sequence the state holds)."""
         if cache.recurrent is None:
             raise TypeError(f"{self.config.architecture} needs the cache of its new_cache (recurrent state)")
         position = start_pos.index if isinstance(start_pos, DevicePosition) else start_pos
         cache.recurrent.start(slot, position)
-        return super().forward(tokens, cache, slot, start_pos, all_logits=all_logits, per_token=per_token)
+        return super().final_hidden(tokens, cache, slot, start_pos, per_token)
