@@ -169,6 +169,11 @@ def cors_origins(value: str | None) -> tuple[str, ...]:
     return tuple(origin.strip() for origin in (value or "").split(",") if origin.strip())
 
 
+def webui_on(host: str, flag: bool | None) -> bool:
+    """--webui / --no-webui, else on for a server only this machine reaches."""
+    return host in LOCAL_HOSTS if flag is None else flag
+
+
 def run(args: argparse.Namespace) -> int:
     from gufo.engine.loader import open_checked
     from gufo.engine.speculative import check_draft_model
@@ -196,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         draft_model=args.draft_model,
         pooling=args.pooling,
         cors_origins=cors_origins(args.cors_origins),
-        webui=args.host in LOCAL_HOSTS if args.webui is None else args.webui,
+        webui=webui_on(args.host, args.webui),
     )
     if args.tensor_parallel > 1:
         preflight(model_file, args.tensor_parallel)  # refused before anything listens
