@@ -3,7 +3,8 @@
 
 An embedding is the output norm's values pooled over the input's tokens (`--pooling`: their mean, or
 the last token's), scaled to unit length as llama-server's /v1/embeddings and OpenAI's are. It runs on
-the generation worker between two steps, in a scratch cache, so no session's KV changes.
+the generation worker between two steps, in a scratch cache, so no session's KV changes (the running
+streams wait for it as for one prefill of the input).
 """
 
 from __future__ import annotations
