@@ -240,3 +240,17 @@ def test_bad_input_names_the_param(server, path, body, param):
 def test_embeddings_of_an_unknown_model_404(server):
     error = assert_error(*server.request("POST", "/v1/embeddings", {"model": "x", "input": "a"}), 404)
     assert error["param"] == "model" and error["code"] == "model_not_found"
+
+
+def test_embedding_leaves_the_sessions_kv_alone(server, reference_engine):
+    """An embedding between two equal requests: the second reuses the first's cached prompt and still
+    gives the greedy text (an embedding written into that slot would change it)."""
+    prompt, other = PROMPTS[2], PROMPTS[1]
+    expected = greedy_text(reference_engine, prompt["prompt_ids"], 6)
+    client = server.client()
+    request = {"model": MODEL, "prompt": prompt["prompt_ids"], "max_tokens": 6, "temperature": 0}
+    assert client.completions.create(**request).choices[0].text == expected
+    embedding(server, input=[other["prompt_ids"], prompt["prompt_ids"][::-1]])
+    again = client.completions.create(**request)
+    assert again.choices[0].text == expected
+    assert again.usage.prompt_tokens_details.cached_tokens == prompt["n_prompt_tokens"] - 1
