@@ -1,6 +1,7 @@
 """The chat page at / in a real headless browser: the distribution's Chromium driven by Playwright
-(no browser download). A prompt typed in streams its greedy reply into the page, the stop button
-ends the request (the server counts it cancelled), and the page shows its tokens/s."""
+(no browser download). The page loads without the server's API key and asks for it; a prompt typed in
+streams its greedy reply into the page, the stop button ends the request (the server counts it
+cancelled), and the page shows its tokens/s."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from tests.server.conftest import MODEL, live_server, load_engine, wait_for
 CHROMIUM = next((path for name in ("chromium", "chromium-browser") if (path := shutil.which(name))), None)
 SYSTEM = "You are a storyteller."
 PROMPT = "Tell me a long story about a dragon."
+KEY = "page-key"
 
 
 @pytest.fixture(scope="module")
 def server():
-    with live_server(ServerSettings(MODEL, max_tokens=256, webui=True), lambda: load_engine(1)) as live:
+    settings = ServerSettings(MODEL, max_tokens=256, webui=True, api_key=KEY)
+    with live_server(settings, lambda: load_engine(1)) as live:
         yield live
 
 
@@ -48,6 +51,9 @@ def test_type_stream_and_stop(server, browser, reference_engine, tmp_path):
     page = browser.new_page()
     page.goto(server.base_url + "/")
     model = page.get_by_test_id("model")
+    wait_for(lambda: "API key" in (model.text_content() or ""))  # the page loaded; the API needs the key
+    page.locator("#api-key").fill(KEY)
+    page.locator("#api-key").press("Tab")
     wait_for(lambda: model.text_content() == MODEL)
     page.get_by_test_id("system").fill(SYSTEM)
     page.locator("#temperature").fill("0")
