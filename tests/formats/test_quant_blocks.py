@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import gufo.formats.blocks as blocks_mod
 from gufo.errors import BadInputError
 from gufo.formats import SUPPORTED_QTYPES, UnpackedBlocks, block_shape, dequantize, unpack, unsupported_reason
+from gufo.formats.random_blocks import random_blocks as synth_blocks
 
 # Byte offsets of the fp16 fields (d, and m/dmin) inside one block, from ggml's block structs
 # (ggml-common.h). Random bytes there may be inf/NaN; the tests overwrite them with finite halves.
@@ -152,6 +153,16 @@ def test_random_blocks_bit_exact(qtype: Q, data) -> None:
     if qtype != Q.MXFP4:  # finite fp16 scales give finite values (MXFP4's largest exponents overflow)
         assert np.isfinite(ref).all()
     assert_bits_equal(dequantize(qtype, torch.from_numpy(raw), n_cols), ref)
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
+def test_synth_blocks_bit_exact(qtype: Q) -> None:
+    """The valid blocks `gufo synth` writes (gufo.formats.random_blocks) decode as gguf decodes them."""
+    elems, _ = SPEC[qtype][0]
+    raw = synth_blocks(qtype, 3 * 8, np.random.default_rng(qtype.value)).reshape(3, -1)
+    ref = reference(qtype, raw)
+    assert np.isfinite(ref).all()
+    assert_bits_equal(dequantize(qtype, torch.from_numpy(raw), 8 * elems), ref)
 
 
 @pytest.mark.parametrize("qtype", sorted(FLOATS, key=lambda t: t.value), ids=lambda t: t.name)
