@@ -320,8 +320,8 @@ def _iq1_q(points: torch.Tensor, negative_delta: torch.Tensor) -> torch.Tensor:
 
 
 def _iq1_s(b: torch.Tensor) -> UnpackedBlocks:
-    # d qs[32] (low 8 bits of 11-bit grid indices) qh[8] (uint16 per 32: 4 x 3 high index bits,
-    # a 3-bit scale at bit 12, the shift's sign at bit 15)
+    # d qs[32] (low 8 bits of 11-bit grid indices) qh[16] (a uint16 per 32 elements: 4 x 3 high index
+    # bits, a 3-bit scale at bit 12, the shift's sign at bit 15)
     qh = _words(b[..., 34:50], 2)  # [..., 8]
     high = (qh.unsqueeze(-1) >> _shifts((0, 3, 6, 9), b.device)) & 7
     index = b[..., 2:34].to(torch.int64) | (high.flatten(-2) << 8)
