@@ -66,6 +66,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/engine/": ("golden",),
     "tests/engine/test_sampling.py": ("unit",),
     "tests/formats/test_quant_blocks.py": ("unit",),
+    "tests/formats/test_quant_models.py": ("unit",),
     "tests/formats/test_quant_real_files.py": ("golden",),
     "tests/gguf/": ("unit",),
     "tests/gguf/test_model_file.py::test_cli_exit_code_and_single_line": ("system",),

@@ -7,6 +7,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from gufo.formats.random_blocks import random_blocks
+
 VOCAB = 32
 N_EMBD, N_FF, N_LAYERS, N_HEADS, HEAD_DIM = 64, 128, 2, 4, 16
 
@@ -18,9 +20,19 @@ def write_tiny_model(
     n_heads: int = N_HEADS,
     n_kv_heads: int = N_HEADS // 2,
     n_ff: int = N_FF,
+    n_embd: int = N_EMBD,
+    head_dim: int = HEAD_DIM,
+    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
+    dequantized: bool = False,
+    layer_std: float = 0.3,
 ) -> Path:
     """Q8_0 matrices (so the fused CPU decode layer runs), norms of 1. gemma3 gets sliding-window
-    attention of 5 positions on every other layer; gemma3 and qwen3 get QK norms."""
+    attention of 5 positions on every other layer; gemma3 and qwen3 get QK norms.
+
+    Another `qtype` gets random valid blocks of that format (gufo.formats.random_blocks) of the same
+    deviations; `dequantized` writes the same model (same seed, same blocks) with every matrix
+    dequantized by the `gguf` package and stored as F32: the float twin of the quantized file.
+    `layer_std`: the deviation of the layers' weights."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
     window = {}
@@ -29,12 +41,12 @@ def write_tiny_model(
     for key, value in {
         "block_count": N_LAYERS,
         "context_length": 256,
-        "embedding_length": N_EMBD,
+        "embedding_length": n_embd,
         "feed_forward_length": n_ff,
         "attention.head_count": n_heads,
         "attention.head_count_kv": n_kv_heads,
-        "attention.key_length": HEAD_DIM,
-        "attention.value_length": HEAD_DIM,
+        "attention.key_length": head_dim,
+        "attention.value_length": head_dim,
         "vocab_size": VOCAB,
         **window,
     }.items():
@@ -50,32 +62,39 @@ def write_tiny_model(
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
 
-    def matrix(rows: int, cols: int, scale: float) -> np.ndarray:
-        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        return gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+    def add_matrix(name: str, rows: int, cols: int, scale: float) -> None:
+        if qtype == gguf.GGMLQuantizationType.Q8_0:
+            data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+            blocks = gguf.quants.quantize(data, qtype)
+        else:
+            block_elems, _ = gguf.GGML_QUANT_SIZES[qtype]
+            blocks = random_blocks(qtype, rows * cols // block_elems, rng, std=scale).reshape(rows, -1)
+        if dequantized:
+            writer.add_tensor(name, gguf.quants.dequantize(blocks, qtype))
+        else:
+            writer.add_tensor(name, blocks, raw_dtype=qtype)
 
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    writer.add_tensor("token_embd.weight", rng.standard_normal((VOCAB, N_EMBD)).astype(np.float32))
-    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))
-    writer.add_tensor("output.weight", matrix(VOCAB, N_EMBD, 0.15), raw_dtype=q8)
-    kv = n_kv_heads * HEAD_DIM
+    writer.add_tensor("token_embd.weight", rng.standard_normal((VOCAB, n_embd)).astype(np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+    add_matrix("output.weight", VOCAB, n_embd, 0.15)
+    kv = n_kv_heads * head_dim
     shapes = {
-        "attn_q": (n_heads * HEAD_DIM, N_EMBD),
-        "attn_k": (kv, N_EMBD),
-        "attn_v": (kv, N_EMBD),
-        "attn_output": (N_EMBD, n_heads * HEAD_DIM),
-        "ffn_gate": (n_ff, N_EMBD),
-        "ffn_up": (n_ff, N_EMBD),
-        "ffn_down": (N_EMBD, n_ff),
+        "attn_q": (n_heads * head_dim, n_embd),
+        "attn_k": (kv, n_embd),
+        "attn_v": (kv, n_embd),
+        "attn_output": (n_embd, n_heads * head_dim),
+        "ffn_gate": (n_ff, n_embd),
+        "ffn_up": (n_ff, n_embd),
+        "ffn_down": (n_embd, n_ff),
     }
     for layer in range(N_LAYERS):
         for name, shape in shapes.items():
-            writer.add_tensor(f"blk.{layer}.{name}.weight", matrix(*shape, 0.3), raw_dtype=q8)
-        norms = {"attn_norm": N_EMBD, "ffn_norm": N_EMBD}
+            add_matrix(f"blk.{layer}.{name}.weight", *shape, layer_std)
+        norms = {"attn_norm": n_embd, "ffn_norm": n_embd}
         if arch in ("gemma3", "qwen3"):
-            norms |= {"attn_q_norm": HEAD_DIM, "attn_k_norm": HEAD_DIM}
+            norms |= {"attn_q_norm": head_dim, "attn_k_norm": head_dim}
         if arch == "gemma3":
-            norms |= {"post_attention_norm": N_EMBD, "post_ffw_norm": N_EMBD}
+            norms |= {"post_attention_norm": n_embd, "post_ffw_norm": n_embd}
         for name, size in norms.items():
             writer.add_tensor(f"blk.{layer}.{name}.weight", np.ones(size, np.float32))
     writer.write_header_to_file()

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import gufo.formats.blocks as blocks_mod
 from gufo.errors import BadInputError
 from gufo.formats import SUPPORTED_QTYPES, UnpackedBlocks, block_shape, dequantize, unpack, unsupported_reason
+from gufo.formats.random_blocks import random_blocks as synth_blocks
 
 # Byte offsets of the fp16 fields (d, and m/dmin) inside one block, from ggml's block structs
 # (ggml-common.h). Random bytes there may be inf/NaN; the tests overwrite them with finite halves.
@@ -27,7 +28,20 @@ FP16_FIELDS = {
     Q.Q4_K: (0, 2),
     Q.Q5_K: (0, 2),
     Q.Q6_K: (208,),
+    Q.IQ4_NL: (0,),
+    Q.IQ4_XS: (0,),
+    Q.IQ2_XXS: (0,),
+    Q.IQ2_XS: (0,),
+    Q.IQ2_S: (0,),
+    Q.IQ3_XXS: (0,),
+    Q.IQ3_S: (0,),
+    Q.IQ1_S: (0,),
+    Q.IQ1_M: (),  # its fp16 d is the top nibbles of the four uint16 scales at bytes 48..55: set_halves
+    Q.TQ1_0: (52,),
+    Q.TQ2_0: (64,),
+    Q.MXFP4: (),  # an e8m0 exponent byte: every value is a power of two (255 overflows to inf, as in ggml)
 }
+IQ1_M_SCALES = 48
 # (elements, bytes) per block and the integer range of q, as the formats define them.
 SPEC = {
     Q.Q4_0: ((32, 18), -8, 7, 32, False),
@@ -40,6 +54,18 @@ SPEC = {
     Q.Q4_K: ((256, 144), 0, 15, 32, True),
     Q.Q5_K: ((256, 176), 0, 31, 32, True),
     Q.Q6_K: ((256, 210), -32, 31, 16, False),
+    Q.IQ4_NL: ((32, 18), -127, 113, 32, False),
+    Q.IQ4_XS: ((256, 136), -127, 113, 32, False),
+    Q.IQ2_XXS: ((256, 66), -43, 43, 32, False),
+    Q.IQ2_XS: ((256, 74), -43, 43, 16, False),
+    Q.IQ2_S: ((256, 82), -43, 43, 16, False),
+    Q.IQ3_XXS: ((256, 98), -62, 62, 32, False),
+    Q.IQ3_S: ((256, 110), -15, 15, 32, False),
+    Q.IQ1_S: ((256, 50), -9, 9, 32, False),
+    Q.IQ1_M: ((256, 56), -9, 9, 16, False),
+    Q.TQ1_0: ((256, 54), -1, 1, 32, False),
+    Q.TQ2_0: ((256, 66), -1, 2, 32, False),
+    Q.MXFP4: ((32, 17), -12, 12, 32, False),
 }
 QUANTIZED = sorted(SPEC, key=lambda t: t.value)
 FLOATS = {Q.F32: np.float32, Q.F16: np.float16, Q.BF16: np.uint16}
@@ -51,23 +77,43 @@ def reference(qtype: Q, raw: np.ndarray) -> np.ndarray:
 
 
 def assert_bits_equal(ours: torch.Tensor, ref: np.ndarray) -> None:
+    """Same float32 bit patterns (infinities and signed zeros included); NaN where the reference has
+    NaN, whatever its payload."""
     ours_np = ours.numpy()
     assert ours_np.dtype == np.float32
     assert ours_np.shape == ref.shape
-    same = ours_np.view(np.int32) == ref.view(np.int32)
+    same = (ours_np.view(np.int32) == ref.view(np.int32)) | (np.isnan(ours_np) & np.isnan(ref))
     if not same.all():
         i = tuple(np.argwhere(~same)[0])
         pytest.fail(f"{int((~same).sum())} values differ; first at {i}: {ours_np[i]!r} vs {ref[i]!r}")
+
+
+def set_halves(qtype: Q, raw: np.ndarray, halves: list[np.ndarray]) -> None:
+    """Write fp16 bit patterns (uint16 [rows, n_blocks] per field) into blocks [rows, n_blocks, bytes]."""
+    if qtype == Q.IQ1_M:  # nibble i of d is the top nibble of the uint16 at bytes 48 + 2i, 49 + 2i
+        (bits,) = halves
+        for i in range(4):
+            top = IQ1_M_SCALES + 2 * i + 1
+            raw[..., top] = (raw[..., top] & 0x0F) | (((bits >> (4 * i)) & 0x0F) << 4).astype(np.uint8)
+        return
+    for off, bits in zip(FP16_FIELDS[qtype], halves, strict=True):
+        raw[..., off : off + 2] = bits[..., None].view(np.uint8).reshape(*bits.shape, 2)
+
+
+def n_halves(qtype: Q) -> int:
+    return 1 if qtype == Q.IQ1_M else len(FP16_FIELDS[qtype])
 
 
 def random_blocks(qtype: Q, rows: int, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
     """uint8 [rows, n_blocks * bytes]: random bytes with finite random fp16 fields."""
     _, nbytes = SPEC[qtype][0]
     raw = rng.integers(0, 256, size=(rows, n_blocks, nbytes), dtype=np.uint8)
-    for off in FP16_FIELDS[qtype]:
-        bits = rng.integers(0, 1 << 16, size=(rows, n_blocks), dtype=np.uint16)
-        bits &= np.uint16(0xBFFF)  # clear the exponent's top bit: always finite, still all signs/subnormals
-        raw[..., off : off + 2] = bits[..., None].view(np.uint8).reshape(rows, n_blocks, 2)
+    # random halves with the exponent's top bit cleared: always finite, still all signs and subnormals
+    halves = [
+        rng.integers(0, 1 << 16, (rows, n_blocks), dtype=np.uint16) & np.uint16(0xBFFF)
+        for _ in range(n_halves(qtype))
+    ]
+    set_halves(qtype, raw, halves)
     return raw.reshape(rows, n_blocks * nbytes)
 
 
@@ -84,9 +130,13 @@ def quant_case(draw, qtype: Q):
     n_blocks = draw(st.integers(1, 2 if elems == 256 else 4))  # stay well inside hypothesis' buffer
     data = bytearray(draw(st.binary(min_size=rows * n_blocks * nbytes, max_size=rows * n_blocks * nbytes)))
     raw = np.frombuffer(data, dtype=np.uint8).reshape(rows, n_blocks, nbytes).copy()
-    for off in FP16_FIELDS[qtype]:
-        halves = draw(st.lists(finite_half, min_size=rows * n_blocks, max_size=rows * n_blocks))
-        raw[..., off : off + 2] = np.array(halves, dtype=np.float16).view(np.uint8).reshape(rows, n_blocks, 2)
+    halves = [
+        np.array(draw(st.lists(finite_half, min_size=rows * n_blocks, max_size=rows * n_blocks)), np.float16)
+        .view(np.uint16)
+        .reshape(rows, n_blocks)
+        for _ in range(n_halves(qtype))
+    ]
+    set_halves(qtype, raw, halves)
     return raw.reshape(rows, n_blocks * nbytes), n_blocks * elems
 
 
@@ -100,8 +150,19 @@ def quant_case(draw, qtype: Q):
 def test_random_blocks_bit_exact(qtype: Q, data) -> None:
     raw, n_cols = data.draw(quant_case(qtype))
     ref = reference(qtype, raw)
-    assert np.isfinite(ref).all()
+    if qtype != Q.MXFP4:  # finite fp16 scales give finite values (MXFP4's largest exponents overflow)
+        assert np.isfinite(ref).all()
     assert_bits_equal(dequantize(qtype, torch.from_numpy(raw), n_cols), ref)
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
+def test_synth_blocks_bit_exact(qtype: Q) -> None:
+    """The valid blocks `gufo synth` writes (gufo.formats.random_blocks) decode as gguf decodes them."""
+    elems, _ = SPEC[qtype][0]
+    raw = synth_blocks(qtype, 3 * 8, np.random.default_rng(qtype.value)).reshape(3, -1)
+    ref = reference(qtype, raw)
+    assert np.isfinite(ref).all()
+    assert_bits_equal(dequantize(qtype, torch.from_numpy(raw), 8 * elems), ref)
 
 
 @pytest.mark.parametrize("qtype", sorted(FLOATS, key=lambda t: t.value), ids=lambda t: t.name)
@@ -152,7 +213,8 @@ def test_unpacked_form(qtype: Q) -> None:
     assert_bits_equal(dequantize(qtype, torch.from_numpy(raw), k), ref)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+# MXFP4: 17-byte blocks, so rows of an odd number of bytes
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.IQ2_XXS, Q.MXFP4], ids=lambda t: t.name)
 def test_chunked_rows_and_odd_layouts(qtype: Q, monkeypatch) -> None:
     elems, _ = SPEC[qtype][0]
     raw = random_blocks(qtype, 37, 3, np.random.default_rng(7))
@@ -211,6 +273,18 @@ def test_supported_set() -> None:
         "Q4_K",
         "Q5_K",
         "Q6_K",
+        "IQ4_NL",
+        "IQ4_XS",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ2_S",
+        "IQ3_XXS",
+        "IQ3_S",
+        "IQ1_S",
+        "IQ1_M",
+        "TQ1_0",
+        "TQ2_0",
+        "MXFP4",
     }
     assert {t.name for t in SUPPORTED_QTYPES} == names
     assert all(unsupported_reason(t) is None for t in SUPPORTED_QTYPES)
@@ -229,8 +303,8 @@ def test_unsupported_type_raises(qtype: Q) -> None:
 
 
 def test_unsupported_reasons_name_the_family() -> None:
-    assert "IQ" in unsupported_reason(Q.IQ2_XXS)
-    assert "ternary" in unsupported_reason(Q.TQ1_0)
+    assert "activations" in unsupported_reason(Q.Q8_K)
+    assert "block format" in unsupported_reason(Q.NVFP4)
     assert "999" in unsupported_reason(999)
     with pytest.raises(BadInputError, match="999"):
         dequantize(999, torch.zeros(1, 34, dtype=torch.uint8), 32)

@@ -137,20 +137,20 @@ def test_unknown_architecture(tmp_path):
 def test_unsupported_quant_type(tmp_path):
     from gufo.models.registry import check_supported_types
 
-    # IQ4_NL has 32-element blocks of 18 bytes like Q4_0, so retyping a Q4_0 tensor keeps the file consistent.
+    # I32 has 4-byte elements like F32, so retyping an F32 tensor keeps the file consistent.
     assert (
-        gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
-        == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0]
+        gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.I32]
+        == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.F32]
     )
-    q40 = write_tiny(tmp_path / "iq2.gguf", qtype="Q4_0")
-    reader = gguf.GGUFReader(q40)
+    f32 = write_tiny(tmp_path / "i32.gguf")
+    reader = gguf.GGUFReader(f32)
     target = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
     type_pos = target.field.offset + sum(p.nbytes for p in target.field.parts[:-2])
-    blob = bytearray(q40.read_bytes())
-    blob[type_pos : type_pos + 4] = struct.pack("<I", gguf.GGMLQuantizationType.IQ4_NL)
-    q40.write_bytes(bytes(blob))
-    with pytest.raises(BadInputError, match=r"tensor blk\.0\.attn_q\.weight.*IQ4_NL"):
-        check_supported_types(open_model_file(q40))
+    blob = bytearray(f32.read_bytes())
+    blob[type_pos : type_pos + 4] = struct.pack("<I", gguf.GGMLQuantizationType.I32)
+    f32.write_bytes(bytes(blob))
+    with pytest.raises(BadInputError, match=r"tensor blk\.0\.attn_q\.weight.*I32"):
+        check_supported_types(open_model_file(f32))
 
 
 def test_missing_required_metadata(tmp_path):

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from gufo.formats import QUANTIZED_QTYPES
+from gufo.formats.random_blocks import random_blocks
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.cpu_int8 import NIBBLES, SIGNED8, UNSIGNED8, CpuInt8Linear
 from gufo.kernels.linear_reference import ReferenceLinear
 
+Q = gguf.GGMLQuantizationType
 pytestmark = pytest.mark.skipif(not CpuInt8Linear.available(), reason="needs AVX2 and a C compiler")
 
 EXPECTED_LAYOUT = {
@@ -25,22 +27,29 @@ EXPECTED_LAYOUT = {
     "Q5_K": UNSIGNED8,
     "Q6_K": UNSIGNED8,
     "Q8_0": SIGNED8,
+    "IQ4_NL": SIGNED8,  # levels -127..113: 241 values do not fit 0..127
+    "IQ4_XS": SIGNED8,
+    "IQ2_XXS": UNSIGNED8,
+    "IQ2_XS": UNSIGNED8,
+    "IQ2_S": UNSIGNED8,
+    "IQ3_XXS": UNSIGNED8,
+    "IQ3_S": UNSIGNED8,
+    "IQ1_S": UNSIGNED8,
+    "IQ1_M": UNSIGNED8,
+    "TQ1_0": NIBBLES,
+    "TQ2_0": NIBBLES,
+    "MXFP4": UNSIGNED8,
 }
 
-
-# Byte offsets of the float16 super-block scales (d, dmin) in K-quant blocks (ggml's block layouts).
-K_QUANT_HALF_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+# formats the `gguf` package can quantize (the others get random valid blocks)
+GGUF_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 
 def quantized_tensor(qtype: gguf.GGMLQuantizationType, rows: int, cols: int) -> TensorInfo:
     rng = np.random.default_rng(int(qtype))
-    if qtype.name in K_QUANT_HALF_OFFSETS:  # gguf's numpy quantizer lacks K-quants: random valid blocks
-        block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-        blocks = rng.integers(0, 256, (rows, cols // block_elems, block_bytes), dtype=np.uint8)
-        for offset in K_QUANT_HALF_OFFSETS[qtype.name]:
-            halves = (rng.random((rows, cols // block_elems)) * 0.01 + 0.001).astype(np.float16)
-            blocks[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(rows, -1, 2)
-        blocks = blocks.reshape(rows, -1)
+    if qtype.name not in GGUF_QUANTIZES:
+        block_elems, _ = gguf.GGML_QUANT_SIZES[qtype]
+        blocks = random_blocks(qtype, rows * cols // block_elems, rng).reshape(rows, -1)
     else:
         data = rng.standard_normal((rows, cols)).astype(np.float32)
         blocks = gguf.quants.quantize(data, qtype)
@@ -63,7 +72,7 @@ def test_exact_on_representable_activations(qtype, m):
     assert float((ours - expected).abs().max() / scale) < 2e-5
 
 
-@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q8_0], ids=str)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0, Q.IQ4_XS, Q.IQ1_M], ids=str)
 def test_general_activations_within_int8_rounding(qtype):
     info = quantized_tensor(qtype, 64, 1024)
     x = torch.randn(5, 1024, generator=torch.Generator().manual_seed(0))

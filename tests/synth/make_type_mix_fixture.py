@@ -8,13 +8,16 @@ How the fixture was made: llama.cpp from the llama-cpp-python 0.3.36 sdist (vend
 For each model below this writes an F32 qwen3 GGUF with its own GGUFWriter code (hidden 256,
 head_dim 128, FFN 512: every width a multiple of 256 like the real presets, so no block-size
 fallback), quantizes it to every type gufo synth supports, and records each tensor's type and the
-file's general.file_type as llama-quantize wrote them (read back with gguf.GGUFReader). The models
+file's general.file_type as llama-quantize wrote them (read back with gguf.GGUFReader). A type that
+llama-quantize refuses without an importance matrix (the IQ1/IQ2/IQ3_XXS mixes) is made with one
+(all ones; only its presence changes the types chosen), and the fixture records that it was. The models
 cover the real presets' layer counts and the GQA ratios the rules look at (< 4, >= 4), tied and untied.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,8 @@ MODELS = [
 ]
 QTYPES = ["F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L"]
 QTYPES += ["Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"]
+QTYPES += ["IQ4_NL", "IQ4_XS", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS"]
+QTYPES += ["IQ1_M", "IQ1_S", "TQ2_0", "TQ1_0"]
 
 
 def write_f32_model(path: Path, model: dict) -> None:
@@ -76,6 +81,35 @@ def write_f32_model(path: Path, model: dict) -> None:
     writer.close()
 
 
+def write_imatrix(path: Path, source: Path) -> None:
+    """An importance matrix of ones for every matrix of `source`, in llama.cpp's legacy imatrix format
+    (entries: name, calls, values; then the chunk count and the dataset name)."""
+    out = bytearray()
+    matrices = [t for t in GGUFReader(source).tensors if len(t.shape) == 2]
+    out += struct.pack("<i", len(matrices))
+    for tensor in matrices:
+        name = tensor.name.encode()
+        width = int(tensor.shape[0])  # gguf's shape lists the row width first
+        out += struct.pack("<i", len(name)) + name + struct.pack("<ii", 1, width)
+        out += np.ones(width, np.float32).tobytes()
+    dataset = b"ones"
+    out += struct.pack("<ii", 1, len(dataset)) + dataset
+    path.write_bytes(bytes(out))
+
+
+def quantize_to(quantize: str, source: Path, target: Path, qtype: str, imatrix: Path) -> bool:
+    """Quantize as llama-quantize does by default; where it refuses for want of an importance matrix,
+    with `imatrix`. Whether one was needed."""
+    plain = subprocess.run([quantize, str(source), str(target), qtype], capture_output=True, text=True)
+    if plain.returncode == 0:
+        return False
+    if "requires an imatrix" not in plain.stdout + plain.stderr:
+        raise RuntimeError(f"llama-quantize {qtype} failed: {plain.stderr[-2000:]}")
+    command = [quantize, "--imatrix", str(imatrix), str(source), str(target), qtype]
+    subprocess.run(command, check=True, capture_output=True)
+    return True
+
+
 def types_by_kind(path: Path, n_layers: int) -> tuple[int, dict[str, str]]:
     """(general.file_type, {"token_embd": type, ..., "attn_v": "type of layer 0, of layer 1, ...", ...})."""
     reader = GGUFReader(path)
@@ -95,14 +129,15 @@ def main(quantize: str) -> None:
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in MODELS:
-            source = Path(tmp) / "f32.gguf"
+            source, imatrix = Path(tmp) / "f32.gguf", Path(tmp) / "imatrix.dat"
             write_f32_model(source, model)
+            write_imatrix(imatrix, source)
             mixes = {}
             for qtype in QTYPES:
                 target = Path(tmp) / f"{qtype}.gguf"
-                subprocess.run([quantize, str(source), str(target), qtype], check=True, capture_output=True)
+                needed = quantize_to(quantize, source, target, qtype, imatrix)
                 file_type, kinds = types_by_kind(target, model["num_hidden_layers"])
-                mixes[qtype] = {"file_type": file_type, "types": kinds}
+                mixes[qtype] = {"file_type": file_type, "imatrix": needed, "types": kinds}
             shape = {"hidden_size": HIDDEN, "intermediate_size": FFN, "head_dim": HEAD_DIM, **model}
             records.append({"shape": shape, "vocab_size": VOCAB, "mixes": mixes})
     FIXTURE.parent.mkdir(exist_ok=True)

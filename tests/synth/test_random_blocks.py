@@ -11,6 +11,8 @@ from gufo.formats.random_blocks import random_blocks
 
 Q = GGMLQuantizationType
 TYPES = [Q.F16, Q.F32, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES += [Q.IQ4_NL, Q.IQ4_XS, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M]
+TYPES += [Q.TQ1_0, Q.TQ2_0, Q.MXFP4]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
@@ -36,6 +38,18 @@ def test_blocks_follow_std_and_seed(qtype):
     assert dequantize(first.reshape(-1), qtype).std() == pytest.approx(0.5, rel=0.1)
 
 
+@pytest.mark.parametrize("qtype", [Q.TQ1_0, Q.TQ2_0], ids=lambda t: t.name)
+def test_ternary_blocks_hold_only_ternary_digits(qtype):
+    """Every stored digit decodes to -1, 0 or 1 (TQ2_0's code 3 and TQ1_0's bytes past 242 would not),
+    each a third of the time."""
+    values = dequantize(random_blocks(qtype, 256, np.random.default_rng(2)).reshape(-1), qtype)
+    per_block = values.reshape(256, -1)
+    digits = per_block / np.abs(per_block).max(axis=1, keepdims=True)  # one scale per block
+    counts = np.unique(digits, return_counts=True)
+    assert np.array_equal(counts[0], [-1, 0, 1])
+    assert np.allclose(counts[1] / digits.size, 1 / 3, atol=0.01)
+
+
 def test_unsupported_type_is_refused():
-    with pytest.raises(ValueError, match="IQ4_XS"):
-        random_blocks(Q.IQ4_XS, 1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="NVFP4"):
+        random_blocks(Q.NVFP4, 1, np.random.default_rng(0))

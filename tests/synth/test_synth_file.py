@@ -140,6 +140,22 @@ def test_gufo_reads_the_file_and_runs_it(synth_file, reader):
     assert torch.isfinite(engine.decode(5, 4)).all()
 
 
+def test_an_iq_mix_is_written_as_its_rules_say(tmp_path):
+    """IQ2_M on one layer: IQ2_S matrices, IQ3_S for attn_v and attn_output, Q5_K for the tied
+    embedding (llama.cpp's rules, checked against llama-quantize in test_type_mix.py). The blocks
+    themselves: tests/synth/test_random_blocks.py; models of these formats run in
+    tests/formats/test_quant_models.py."""
+    out = tmp_path / "iq2_m.gguf"
+    assert main(["synth", "--preset", "0.6b", "--qtype", "IQ2_M", "--layers", "1", "-o", str(out)]) == 0
+    shape, mix = find_preset("qwen3", "0.6b").with_layers(1), find_mix("IQ2_M")
+    tensors = open_model_file(out).tensors.values()
+    for tensor in tensors:
+        parts = tensor.name.split(".")
+        kind, layer = (parts[2], int(parts[1])) if parts[0] == "blk" else (parts[0], -1)
+        assert tensor.qtype == tensor_type(mix, kind, layer, shape), tensor.name
+    assert {t.qtype.name for t in tensors} == {"F32", "IQ2_S", "IQ3_S", "Q5_K"}
+
+
 def test_same_seed_same_file_and_force_overwrites(tmp_path, capsys):
     first, second = tmp_path / "a.gguf", tmp_path / "b.gguf"
     common = ["synth", "--preset", "0.6b", "--qtype", "q4_0", "--layers", "1", "--seed", "3"]
@@ -191,7 +207,7 @@ def unwritable_dir(tmp_path: Path) -> Path:
     [
         (["--preset", "3b"], "--preset 3b: unknown qwen3 preset"),
         (["--preset", "0.6b", "--qtype", "Q7_K"], "--qtype Q7_K: unknown"),
-        (["--preset", "0.6b", "--qtype", "IQ4_XS"], "does not generate"),
+        (["--preset", "0.6b", "--qtype", "MXFP4_MOE"], "does not generate"),
         (["--preset", "0.6b", "--arch", "llama"], "--arch llama: unknown architecture"),
         (["--preset", "0.6b", "--vocab-from", "no-such.gguf"], "no-such.gguf"),
     ],

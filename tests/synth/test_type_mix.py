@@ -34,6 +34,7 @@ def test_types_equal_llama_quantize(model, mix_name):
     mix = find_mix(mix_name)
     recorded = model["mixes"][mix_name]
     assert int(mix.file_type) == recorded["file_type"]
+    assert mix.imatrix == recorded["imatrix"]  # llama-quantize refused the mix without one
     for kind, types in recorded["types"].items():
         if kind in ("token_embd", "output", "output_norm"):
             assert tensor_type(mix, kind, -1, shape).name == types, kind
@@ -46,8 +47,9 @@ def test_types_equal_llama_quantize(model, mix_name):
 @pytest.mark.parametrize(
     "name,fragment",
     [
-        ("IQ4_XS", "does not generate"),
+        ("MXFP4_MOE", "does not generate"),
         ("Q2_K_S", "does not generate"),
+        ("NVFP4", "does not generate"),
         ("BF16", "does not generate"),
         ("F32", "does not generate"),
         ("Q7_K", "unknown quantization type"),

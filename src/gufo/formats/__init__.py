@@ -1,4 +1,7 @@
-"""GGUF block formats: unpack to integers + per-group scales, and dequantize (bit-exact with gguf-py)."""
+"""GGUF block formats: unpack to integers + per-group scales, and dequantize (bit-exact with gguf-py).
+
+The legacy, K-quant, IQ (codebook), TQ (ternary) and MXFP4 formats all unpack into `UnpackedBlocks`.
+"""
 
 from gufo.formats.blocks import (
     FLOAT_QTYPES,

@@ -8,12 +8,23 @@ centered on zero. Sub-block scales are drawn from a small range chosen so that `
 (not subnormal) float16 value. With codes uniform over 2**b values and centred at the midpoint, the
 mean square code is (4**b - 1) / 12, or (4**b + 2) / 12 when the format centres them at 2**(b-1)
 instead (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K).
+
+The codebook formats (IQ*) keep random bits too: grid indices, sign bits and sub-block scale codes are
+uniform, and `d` follows from the mean square of the lattice (or level) table, from the `gguf`
+package, times that of the sub-block scale factor. Formats whose stored codes are not all valid are
+written from valid codes instead: TQ1_0/TQ2_0 hold uniform ternary digits, packed as ggml packs them,
+and MXFP4's e8m0 scale is one of the two powers of two around the wanted scale, mixed to give the
+wanted deviation.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from gufo.formats import codebooks
 
 Q = GGMLQuantizationType
 
@@ -22,7 +33,8 @@ SPREAD = 0.25
 _SPREAD_SQUARE = 1.0 + (2 * SPREAD) ** 2 / 12  # E[factor**2]
 # Codes offset by -2**(b-1) average -1/2; a random sign of d per block cancels that bias (llama.cpp's
 # own quantizer also gives these formats negative scales: d = max / -2**(b-1)).
-_SIGNED_SCALE = frozenset({Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q3_K, Q.Q6_K})
+# The IQ4 levels are not symmetric (they average -5.9 of a range of +-127): a random sign again.
+_SIGNED_SCALE = frozenset({Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q3_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS})
 
 
 def _codes_square(bits: int, offset_at_midpoint: bool) -> float:
@@ -62,6 +74,67 @@ _Q2K_SCALES = (8, 15)
 _Q6K_SCALES = (4, 15)
 # Q3_K: the 16 six-bit scales stay random bits, i.e. uniform over -32..31.
 _Q3K_SCALE_SQUARE = _codes_square(6, offset_at_midpoint=False)
+
+
+# IQ4_XS sub-block scales (6-bit, stored + 32): small, so that d stays a normal float16.
+_IQ4XS_SCALES = (1, 4)
+# Sub-block scale factors of the codebook formats, as ggml applies them to the 4-bit (IQ1: 3-bit) codes.
+_HALF_STEPS = np.arange(16) + 0.5
+_SCALE_FACTORS = {
+    Q.IQ2_XXS: _HALF_STEPS * 0.25,
+    Q.IQ2_XS: _HALF_STEPS * 0.25,
+    Q.IQ2_S: _HALF_STEPS * 0.25,
+    Q.IQ3_XXS: _HALF_STEPS * 0.5,
+    Q.IQ3_S: 1 + 2 * np.arange(16),
+    Q.IQ1_S: 1 + 2 * np.arange(8),
+    Q.IQ1_M: 1 + 2 * np.arange(8),
+}
+_IQ1_SHIFT = 0.125  # IQ1's +-1/8 shift of each lattice point
+_TERNARY_SQUARE = 2 / 3  # -1, 0, 1 uniform
+
+
+@functools.cache
+def _codebook_square(qtype: GGMLQuantizationType) -> float:
+    """Mean square of an IQ2/IQ3/IQ1 value over uniform grid indices, signs and scale codes, per d**2."""
+    points = codebooks.grid(qtype).double()
+    code_square = float((points**2).mean())
+    if qtype in (Q.IQ1_S, Q.IQ1_M):  # the shift's sign is an independent uniform bit
+        code_square += _IQ1_SHIFT**2
+    return code_square * float(np.mean(_SCALE_FACTORS[qtype] ** 2))
+
+
+def _level_square(qtype: GGMLQuantizationType) -> float:
+    return float((codebooks.levels(qtype).double() ** 2).mean())
+
+
+def _pack_crumbs(values: np.ndarray) -> np.ndarray:
+    """2-bit values [..., n, 4] -> bytes [..., n]: value j at bits 2j."""
+    return (values[..., 0] | (values[..., 1] << 2) | (values[..., 2] << 4) | (values[..., 3] << 6)).astype(
+        np.uint8
+    )
+
+
+def _ternary_bytes(digit_values: np.ndarray) -> np.ndarray:
+    """TQ1_0 bytes holding base-3 numbers v < 243: ggml stores v as the fraction v / 243 in 8 bits,
+    rounded up (ceil(v * 256 / 243)), so that digit k is ((byte * 3**k mod 256) * 3) >> 8."""
+    return ((digit_values.astype(np.uint16) * 256 + 242) // 243).astype(np.uint8)
+
+
+def _set_iq1_m_scale(blocks: np.ndarray, d: np.ndarray) -> None:
+    """IQ1_M's float16 d goes into the top nibbles of its four uint16 scale words (bytes 48..55)."""
+    bits = d.astype(np.float16).view(np.uint16)
+    for i in range(4):
+        top = 48 + 2 * i + 1
+        blocks[:, top] = (blocks[:, top] & 0x0F) | (((bits >> (4 * i)) & 0x0F) << 4).astype(np.uint8)
+
+
+def _mxfp4_exponents(rng: np.random.Generator, n_blocks: int, std: float) -> np.ndarray:
+    """e8m0 bytes: scale 2**(e - 128) (ggml's halved e8m0) is one of the two powers of two around the
+    wanted scale, the upper one with the probability that gives the wanted mean square."""
+    wanted = std / np.sqrt(_level_square(Q.MXFP4))
+    low = int(np.floor(np.log2(wanted)))
+    upper = (wanted**2 / 4.0**low - 1) / 3  # (1 - p) * 4**low + p * 4**(low + 1) = wanted**2
+    return (low + 128 + (rng.random(n_blocks) < upper)).astype(np.uint8)
 
 
 def _pack_kquant_scales(sc: np.ndarray) -> np.ndarray:
@@ -114,6 +187,27 @@ def random_blocks(qtype: GGMLQuantizationType, n_blocks: int, rng: np.random.Gen
     elif qtype == Q.Q6_K:
         blocks[:, 192:208] = _sub_scales(rng, n_blocks, 16, *_Q6K_SCALES)
         _set_scale(blocks, 208, scale(_codes_square(6, False) * _mean_square(*_Q6K_SCALES)))
+    elif qtype == Q.IQ4_NL:
+        _set_scale(blocks, 0, scale(_level_square(qtype)))
+    elif qtype == Q.IQ4_XS:
+        sc = _sub_scales(rng, n_blocks, 8, *_IQ4XS_SCALES) + 32
+        blocks[:, 2:4] = _pack_crumbs((sc >> 4).reshape(n_blocks, 2, 4))  # uint16: 2 high bits each
+        blocks[:, 4:8] = (sc[:, 0::2] & 0x0F) | ((sc[:, 1::2] & 0x0F) << 4)
+        _set_scale(blocks, 0, scale(_level_square(qtype) * _mean_square(*_IQ4XS_SCALES)))
+    elif qtype in (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S):
+        _set_scale(blocks, 0, scale(_codebook_square(qtype)))
+    elif qtype == Q.IQ1_M:
+        _set_iq1_m_scale(blocks, scale(_codebook_square(qtype)))
+    elif qtype == Q.TQ1_0:
+        # qs[48] hold 5 digits each (v < 243), qh[4] 4 digits in the top places (v = 3 * w, w < 81)
+        blocks[:, 0:48] = _ternary_bytes(rng.integers(0, 243, (n_blocks, 48)))
+        blocks[:, 48:52] = _ternary_bytes(3 * rng.integers(0, 81, (n_blocks, 4)))
+        _set_scale(blocks, 52, scale(_TERNARY_SQUARE))
+    elif qtype == Q.TQ2_0:
+        blocks[:, 0:64] = _pack_crumbs(rng.integers(0, 3, (n_blocks, 64, 4), dtype=np.uint8))
+        _set_scale(blocks, 64, scale(_TERNARY_SQUARE))
+    elif qtype == Q.MXFP4:
+        blocks[:, 0] = _mxfp4_exponents(rng, n_blocks, std)
     else:
         raise ValueError(f"random_blocks: {qtype.name} is not supported")
     return blocks

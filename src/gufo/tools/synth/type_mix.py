@@ -1,12 +1,14 @@
 """Per-tensor types of a llama-quantize preset ("Q4_K_M", ...) for a dense Qwen3 or Qwen3.5 model.
 
 The rules restate llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp) for the cases these
-models reach: no experts, no importance matrix, not Falcon, never llama.cpp's 70B model type, and
-rows whose width is a multiple of 256 (so no block-size fallback). llama-quantize visits the tensors
-ordered by layer, so its attn_v / ffn_down counters equal the layer index used here. In qwen35,
-llama.cpp counts the DeltaNet `attn_qkv` as attn_v-like: every layer has exactly one of the two, so
-the counter is still the layer index. `tests/synth/make_type_mix_fixture.py` checks the qwen3 rules
-against llama-quantize itself.
+models reach: no experts, not Falcon, never llama.cpp's 70B model type, and rows whose width is a
+multiple of 256 (so no block-size fallback). An importance matrix is assumed exactly for the mixes
+llama-quantize refuses to make without one (those whose tensors get IQ1/IQ2/IQ3_XXS types: `imatrix`),
+as the published files of those types are made; it changes only IQ3_XXS's attn_v and ffn_down here.
+llama-quantize visits the tensors ordered by layer, so its attn_v / ffn_down counters equal the layer
+index used here. In qwen35, llama.cpp counts the DeltaNet `attn_qkv` as attn_v-like: every layer has
+exactly one of the two, so the counter is still the layer index. `tests/synth/make_type_mix_fixture.py`
+checks the qwen3 rules against llama-quantize itself.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class QuantMix:
     name: str  # llama-quantize's name, e.g. "Q4_K_M"
     file_type: LlamaFileType  # written as general.file_type
     base: GGMLQuantizationType  # the type of every matrix no rule singles out
+    imatrix: bool = False  # made with an importance matrix (llama-quantize needs one for this mix)
 
 
 _MIXES = [
@@ -44,10 +47,31 @@ _MIXES = [
     ("Q5_K_S", Q.Q5_K),
     ("Q5_K_M", Q.Q5_K),
     ("Q6_K", Q.Q6_K),
+    ("IQ4_NL", Q.IQ4_NL),
+    ("IQ4_XS", Q.IQ4_XS),
+    ("IQ3_M", Q.IQ3_S),
+    ("IQ3_S", Q.IQ3_S),
+    ("IQ3_XS", Q.IQ3_S),
+    ("IQ3_XXS", Q.IQ3_XXS),
+    ("IQ2_M", Q.IQ2_S),
+    ("IQ2_S", Q.IQ2_XS),
+    ("IQ2_XS", Q.IQ2_XS),
+    ("IQ2_XXS", Q.IQ2_XXS),
+    ("IQ1_M", Q.IQ1_M),
+    ("IQ1_S", Q.IQ1_S),
+    ("TQ2_0", Q.TQ2_0),
+    ("TQ1_0", Q.TQ1_0),
 ]
+# Mixes whose matrices get IQ1/IQ2/IQ3_XXS types, which llama-quantize makes only with an importance matrix.
+_IMATRIX_MIXES = frozenset({"IQ3_XS", "IQ3_XXS", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S"})
 MIXES: dict[str, QuantMix] = {
-    name: QuantMix(name, LlamaFileType[f"MOSTLY_{name}"], base) for name, base in _MIXES
+    name: QuantMix(name, LlamaFileType[f"MOSTLY_{name}"], base, name in _IMATRIX_MIXES)
+    for name, base in _MIXES
 }
+# llama.cpp's 2-bit and 1-bit mixes: their own rules for attn_v, ffn_down and attn_output, none else;
+# the two with an IQ2_S base upgrade to IQ3_S where the others upgrade to Q2_K.
+_LOW_BIT = frozenset({"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M"})
+_LOW_BIT_UPGRADE = {"IQ2_S": Q.IQ3_S, "IQ2_M": Q.IQ3_S}  # else Q2_K
 
 
 def find_mix(name: str) -> QuantMix:
@@ -59,7 +83,7 @@ def find_mix(name: str) -> QuantMix:
     if f"MOSTLY_{key}" in LlamaFileType.__members__ or key == "F32":
         raise BadInputError(
             f"--qtype {name}: a llama-quantize type that gufo synth does not generate "
-            f"(importance-matrix, ternary, FP4 or other float types; supported: {supported})"
+            f"(Q2_K_S, the FP4 and Q1_0 types, float types but F16; supported: {supported})"
         )
     raise BadInputError(f"--qtype {name}: unknown quantization type (supported: {supported})")
 
@@ -81,33 +105,85 @@ def tensor_type(mix: QuantMix, kind: str, layer: int, shape: ModelShape) -> GGML
         return Q.F32  # 1-D tensors and conv kernels are never quantized
     if mix.base == Q.F16:
         return Q.F16  # a float target type turns every rule off
-    n_layers, name = shape.num_hidden_layers, mix.name
     if kind == "output" or (kind == "token_embd" and shape.tie_word_embeddings):
         # A tied embedding is also the output matrix, so it gets the output's type.
+        if mix.name in _LOW_BIT or mix.name == "IQ3_XXS":
+            return Q.Q5_K
         return Q.Q8_0 if mix.base == Q.Q8_0 else Q.Q6_K
+    if kind == "token_embd":
+        return _token_embd_type(mix)
+    if mix.name in _LOW_BIT:
+        return _low_bit_type(mix, kind, layer, shape)
+    return _general_type(mix, kind, layer, shape)
+
+
+def _token_embd_type(mix: QuantMix) -> GGMLQuantizationType:
+    if mix.name in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
+        return Q.Q2_K
+    if mix.name in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
+        return Q.IQ3_S
+    if mix.name in ("TQ1_0", "TQ2_0"):
+        return Q.Q4_K
+    return mix.base
+
+
+def _low_bit_type(mix: QuantMix, kind: str, layer: int, shape: ModelShape) -> GGMLQuantizationType:
+    upgrade = _LOW_BIT_UPGRADE.get(mix.name, Q.Q2_K)
+    if kind in _ATTN_V_KINDS:
+        return Q.Q4_K if shape.n_gqa >= 4 else upgrade
+    if kind == "ffn_down":
+        return upgrade if layer < shape.num_hidden_layers // 8 else mix.base
+    if kind == "attn_output":
+        if mix.name in ("IQ1_S", "IQ1_M"):
+            return Q.IQ2_XXS
+        if mix.name in ("IQ2_S", "IQ2_M"):
+            return Q.IQ3_S
+    return mix.base
+
+
+def _general_type(mix: QuantMix, kind: str, layer: int, shape: ModelShape) -> GGMLQuantizationType:
+    n_layers, name = shape.num_hidden_layers, mix.name
     if kind in _ATTN_V_KINDS:
         if name == "Q2_K":
             return Q.Q4_K if shape.n_gqa >= 4 else Q.Q3_K
+        if name == "IQ3_XXS":
+            return Q.Q4_K if shape.n_gqa >= 4 else (Q.IQ3_XXS if mix.imatrix else Q.IQ3_S)
+        if name in ("IQ3_XS", "IQ3_S") and shape.n_gqa >= 4:
+            return Q.Q4_K
+        if name == "IQ3_M":
+            return Q.Q4_K
         if name == "Q3_K_M":
             return Q.Q5_K if layer < 2 else Q.Q4_K
         if name == "Q3_K_L":
+            return Q.Q5_K
+        if name in ("IQ4_NL", "IQ4_XS") and shape.n_gqa >= 4:
             return Q.Q5_K
         if name in ("Q4_K_M", "Q5_K_M") and use_more_bits(layer, n_layers):
             return Q.Q6_K
         if name == "Q4_K_S" and layer < 4:
             return Q.Q5_K
+    elif kind in ("attn_k", "attn_q"):
+        return {"IQ3_XS": Q.IQ3_XXS, "IQ3_XXS": Q.IQ2_S}.get(name, mix.base)
     elif kind == "ffn_down":
         if name == "Q2_K":
             return Q.Q3_K
+        if name == "IQ3_XXS" and not mix.imatrix:
+            return Q.Q4_K if layer < n_layers // 8 else Q.Q3_K
         if name == "Q3_K_M":
             return Q.Q5_K if layer < n_layers // 16 else Q.Q4_K
+        if name == "IQ3_M" and layer < n_layers // 8:
+            return Q.Q4_K
         if name == "Q3_K_L":
             return Q.Q5_K
         if name in ("Q4_K_M", "Q5_K_M") and use_more_bits(layer, n_layers):
             return Q.Q6_K
+        if name in ("IQ4_NL", "IQ4_XS") and layer < n_layers // 8 and not mix.imatrix:
+            return Q.Q5_K
         if name == "Q4_K_S" and layer < n_layers // 8:
             return Q.Q5_K
     elif kind == "attn_output":
-        upgrade = {"Q2_K": Q.Q3_K, "Q3_K_M": Q.Q4_K, "Q3_K_L": Q.Q5_K}
+        upgrade = {"Q2_K": Q.Q3_K, "IQ3_XXS": Q.IQ3_S, "Q3_K_M": Q.Q4_K, "Q3_K_L": Q.Q5_K, "IQ3_M": Q.Q4_K}
         return upgrade.get(name, mix.base)
+    elif kind in ("ffn_gate", "ffn_up") and name == "IQ3_XS" and n_layers // 8 <= layer < 7 * n_layers // 8:
+        return Q.IQ3_XXS
     return mix.base
