@@ -190,6 +190,9 @@ def _check_decode_operands(
         check_device(what, tensor, q.device)
     check_device("index", index, q.device)
     check_dtype("q", q, (torch.float32, torch.float16, torch.bfloat16))
+    # the GPU cache's type (backends.cache_dtype), the one the kernels are compiled and tested for
+    check_dtype("keys", keys, (torch.float16,))
+    check_dtype("values", values, (torch.float16,))
     check_dtype("index", index, (torch.int64,))
     check_size("index entries (one per token)", index.numel(), q.shape[0])
     check_size("values' KV heads", values.shape[0], keys.shape[0])
