@@ -118,6 +118,7 @@ def test_ctrl_c_stops_a_reply_and_leaves_the_engine_fit_for_the_next(engine, spe
     greedy = SamplingParams(temperature=0.0)
     seen: list[int] = []
 
+    session_handler = signal.getsignal(signal.SIGINT)  # a pytest-xdist worker ignores SIGINT
     with sigint_stops_reply() as stop_requested:
 
         def press_ctrl_c_at_the_third(token: int) -> bool:
@@ -129,7 +130,7 @@ def test_ctrl_c_stops_a_reply_and_leaves_the_engine_fit_for_the_next(engine, spe
         stopped = generator.generate(prompt["prompt_ids"], 32, greedy, on_token=press_ctrl_c_at_the_third)
     # the handler has run before the callback asks, right after the token it came in
     assert stopped.stopped_by == "stop" and stopped.generated_ids == seen and len(seen) == 3
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the session's Ctrl-C again
+    assert signal.getsignal(signal.SIGINT) is session_handler  # the session's Ctrl-C again
     # the next turn on the same slot: llama.cpp's greedy tokens, as far as they are unambiguous
     robust = next(i for i, m in enumerate(prompt["greedy_top1_minus_top2"]) if m < 1.0)
     again = generator.generate(prompt["prompt_ids"], robust, greedy)
