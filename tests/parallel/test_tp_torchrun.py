@@ -68,6 +68,9 @@ def test_bench_reports_degree_and_rank_memory(tiny):
         assert row["routes"]["decode_layer"] == "torch:torch-layer"  # the fused C layer has no all-reduce
 
 
+CHUNK = 4  # prefill chunk of both servers: small enough that the second request reuses some
+
+
 def test_serve_rank0_answers_like_a_single_process(tiny):
     """Rank 0 listens; a greedy completion (two sessions, prefix reuse on the second request) equals the
     in-process single-process server's; Ctrl-C on torchrun stops every rank."""
@@ -79,7 +82,7 @@ def test_serve_rank0_answers_like_a_single_process(tiny):
         {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0}
         for prompt in ("t1 t2 t3", "t1 t2 t3 t4 t5")
     ]
-    settings = ServerSettings(model_id="tiny")
+    settings = ServerSettings(model_id="tiny", prefill_chunk=CHUNK)
     with live_server(
         settings, lambda: Engine(tiny, options=RunOptions(threads=1), context=64, n_slots=2)
     ) as server:
@@ -87,7 +90,16 @@ def test_serve_rank0_answers_like_a_single_process(tiny):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += ["-m", "gufo.cli.main", "serve", "-m", tiny, "-tp", "2", "-t", "1", "-c", "64"]
-    command += ["--sessions", "2", "--port", "0", "--served-model-name", "tiny"]
+    command += [
+        "--sessions",
+        "2",
+        "--prefill-chunk",
+        str(CHUNK),
+        "--port",
+        "0",
+        "--served-model-name",
+        "tiny",
+    ]
     proc = subprocess.Popen(
         command,
         stderr=subprocess.PIPE,
@@ -108,11 +120,18 @@ def test_serve_rank0_answers_like_a_single_process(tiny):
         while live.request("GET", "/health")[0] != 200:
             assert time.monotonic() < deadline and proc.poll() is None, "the sharded model did not load"
             time.sleep(0.2)
+        first_prompt = expected[0]["usage"]["prompt_tokens"]
         for body, want in zip(bodies, expected, strict=True):
             status, got = live.request("POST", "/v1/completions", body)
             assert status == 200, got
             assert got["choices"][0]["text"] == want["choices"][0]["text"]
+            cached = got["usage"].pop("prompt_tokens_details")["cached_tokens"]
+            # The sharded prefill is not batch-invariant: it reuses only whole prefill chunks of prompt
+            # tokens (gufo.server.scheduler), where the single process reuses any prefix.
+            reusable = min(want["usage"].pop("prompt_tokens_details")["cached_tokens"], first_prompt)
+            assert cached == reusable // CHUNK * CHUNK
             assert got["usage"] == want["usage"]
+        assert cached > 0  # the second request reused KV on every rank
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=HANG_GUARD_S)  # every rank ends: none hangs in a collective
         err = proc.stderr.read()  # torchrun itself prints a SignalException traceback, gufo's ranks do not

@@ -142,3 +142,34 @@ def test_bench_serve_chat_mode_counts_tokens_per_chunk(server, capsys, tmp_path)
     report = json.loads(out.read_text())
     assert report["endpoint"] == "chat" and report["itl_unit"] == "token"
     assert report["results"][1]["greedy_matches_c1"] is True
+
+
+def test_bench_serve_rates_ranges_shared_prefix_and_sweep(server, capsys, tmp_path):
+    out, sweep = tmp_path / "rate.json", tmp_path / "sweep.csv"
+    args = ["--concurrency", "2", "--request-rate", "20", "--requests", "2", "--prompt-words", "4:8"]
+    args += [
+        "--max-tokens",
+        "2:3",
+        "--shared-prefix-words",
+        "12",
+        "-r",
+        "1",
+        "-o",
+        str(out),
+        "--sweep",
+        str(sweep),
+    ]
+    code, stdout, _ = gufo(capsys, "bench-serve", "--base-url", server.base_url, *args)
+    assert code == 0 and "| 20/s |" in stdout
+    report = json.loads(out.read_text())
+    assert report["prompt_words"] == [4, 8] and report["max_tokens"] == [2, 3]
+    rows = report["results"]
+    assert [(r["concurrency"], r["request_rate"]) for r in rows] == [(2, None), (None, 20.0)]
+    assert all(r["greedy_matches_c1"] is True and r["requests"] == 2 for r in rows)
+    assert all(r["completion_tokens"] <= 3 for r in rows)
+    # the reference requests left the shared prefix cached in a slot: at least one request of each load
+    # point reused it (at least a token per shared word)
+    assert all(r["cached_tokens"] >= 12 for r in rows)
+    lines = sweep.read_text().splitlines()
+    assert lines[0].startswith("concurrency,request_rate,requests,request_throughput,aggregate_tps,")
+    assert [line.split(",")[:3] for line in lines[1:]] == [["2", "", "2"], ["", "20.0", "2"]]

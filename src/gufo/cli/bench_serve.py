@@ -9,37 +9,81 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gufo.cli.commands import summary
-from gufo.cli.common import positive_float, positive_int
+from gufo.cli.common import non_negative_int, positive_float, positive_int
 from gufo.errors import BadInputError
 
 if TYPE_CHECKING:
-    from gufo.tools.bench.serving import TokenCounter
+    from gufo.tools.bench.serving import LoadPoint, TokenCounter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench-serve",
         help=summary("bench-serve"),
-        description="Start C streaming greedy /v1/completions (with --endpoint chat, /v1/chat/completions) "
-        "requests together (a random prefix each and cache_prompt=false, so nothing reuses a cached "
-        "prefix) and report per C: TTFT and inter-token latency p50/p95/p99 (per token with --tokenizer, "
-        "which counts the tokens each streamed chunk carries; per chunk without it), prefill tok/s (prompt "
-        "tokens / TTFT), decode tok/s per request, aggregate tok/s over the round, and whether greedy "
-        "outputs at C>1 equal those at C=1 (SHA-256 of the text). The JSON holds no prompt, generated text "
-        "or host name.",
+        description="Send streaming greedy /v1/completions (with --endpoint chat, /v1/chat/completions) "
+        "requests at each load point: C requests together per repetition (--concurrency), or --requests "
+        "requests at Poisson arrivals of R per second (--request-rate, seeded; open loop). Each prompt "
+        "starts with a random prefix and asks for cache_prompt=false, so nothing reuses a cached prefix "
+        "(with --shared-prefix-words, every prompt starts with the same words and asks for reuse "
+        "instead). Reports per load point: TTFT, inter-token latency and end-to-end latency "
+        "p50/p95/p99 (ITL per token with --tokenizer, which counts the tokens each streamed chunk "
+        "carries; per chunk without it), prefill tok/s (prompt tokens / TTFT), decode tok/s per request, "
+        "aggregate tok/s and requests/s over the repetition, the cached prompt tokens, and whether "
+        "greedy outputs under load equal those sent one at a time (SHA-256 of the text). The JSON holds "
+        "no prompt, generated text or host name.",
     )
     parser.add_argument("--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8080")
     parser.add_argument(
-        "--concurrency", default="1,2,4", help="concurrent requests per round, a list (default 1,2,4)"
+        "--concurrency",
+        default=None,
+        help="concurrent requests per repetition, a list (default 1,2,4 unless --request-rate is given)",
     )
     parser.add_argument(
-        "--max-tokens", type=positive_int, default=128, help="tokens generated per request (default 128)"
+        "--request-rate",
+        default=None,
+        metavar="R",
+        help="request rates (per second) to send at, a list such as 0.5,1,2: per repetition --requests "
+        "requests, the gaps between them drawn from an exponential distribution (Poisson arrivals); "
+        "measured after the --concurrency points when both are given (default: none)",
     )
     parser.add_argument(
-        "-r", "--repetitions", type=positive_int, default=3, help="timed rounds per concurrency (default 3)"
+        "--requests",
+        type=positive_int,
+        default=16,
+        help="requests per repetition at each --request-rate (default 16)",
     )
     parser.add_argument(
-        "--prompt-words", type=positive_int, default=200, help="filler words in each prompt (default 200)"
+        "--max-tokens",
+        default="128",
+        metavar="N|A:B",
+        help="tokens generated per request, or a range A:B each request draws from uniformly (default 128)",
+    )
+    parser.add_argument(
+        "-r",
+        "--repetitions",
+        type=positive_int,
+        default=3,
+        help="timed repetitions per load point (default 3)",
+    )
+    parser.add_argument(
+        "--prompt-words",
+        default="200",
+        metavar="N|A:B",
+        help="filler words in each prompt, or a range A:B each request draws from uniformly (default 200)",
+    )
+    parser.add_argument(
+        "--shared-prefix-words",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="start every prompt with the same N words and let the server reuse cached prefixes "
+        "(cache_prompt=true), to measure its prefix cache (default 0: no shared prefix, no reuse)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="seed of the arrival times and of the lengths drawn from ranges (default 0)",
     )
     parser.add_argument(
         "--model", default=None, help="model id to request (default: the first in /v1/models)"
@@ -63,6 +107,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--timeout", type=positive_float, default=600.0, help="seconds to wait on one request (default 600)"
     )
     parser.add_argument("-o", "--output", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument(
+        "--sweep",
+        type=Path,
+        default=None,
+        metavar="CSV",
+        help="also write one table of throughput against latency here as CSV: per load point requests/s, "
+        "aggregate tok/s, TTFT, ITL and end-to-end latency p50 and p99, cached fraction, greedy parity",
+    )
     parser.add_argument("--progress", action="store_true", help="print progress lines on stderr")
     parser.set_defaults(func=run)
 
@@ -76,13 +128,37 @@ def token_counter(model: str) -> TokenCounter:
     return lambda text: len(tokenizer.encode(text, add_special=False, parse_special=False))
 
 
-def run(args: argparse.Namespace) -> int:
-    from gufo.tools.bench.lists import parse_positive_list
-    from gufo.tools.bench.serving import Client, markdown, run_serving_bench
+def load_points(args: argparse.Namespace) -> list[LoadPoint]:
+    """The --concurrency points (1,2,4 when neither list is given), then the --request-rate points."""
+    from gufo.tools.bench.lists import parse_positive_floats, parse_positive_list
+    from gufo.tools.bench.serving import LoadPoint
 
-    concurrency = parse_positive_list(args.concurrency, "--concurrency")
-    if args.output is not None and not args.output.parent.is_dir():
-        raise BadInputError(f"--output {args.output}: no such directory {args.output.parent}")
+    concurrency = args.concurrency
+    if concurrency is None and args.request_rate is None:
+        concurrency = "1,2,4"
+    points = []
+    if concurrency is not None:
+        points += [LoadPoint(concurrency=c) for c in parse_positive_list(concurrency, "--concurrency")]
+    if args.request_rate is not None:
+        rates = parse_positive_floats(args.request_rate, "--request-rate")
+        points += [LoadPoint(rate=rate, requests=args.requests) for rate in rates]
+    return points
+
+
+def run(args: argparse.Namespace) -> int:
+    from gufo.tools.bench.lists import parse_span
+    from gufo.tools.bench.serving import Client, Workload, markdown, run_serving_bench, write_sweep
+
+    points = load_points(args)
+    workload = Workload(
+        parse_span(args.prompt_words, "--prompt-words"),
+        parse_span(args.max_tokens, "--max-tokens"),
+        args.shared_prefix_words,
+        args.seed,
+    )
+    for path, flag in ((args.output, "--output"), (args.sweep, "--sweep")):
+        if path is not None and not path.parent.is_dir():
+            raise BadInputError(f"{flag} {path}: no such directory {path.parent}")
     client = Client(
         args.base_url,
         api_key=args.api_key,
@@ -92,11 +168,11 @@ def run(args: argparse.Namespace) -> int:
         token_counter=None if args.tokenizer is None else token_counter(args.tokenizer),
     )
     progress = (lambda line: print(f"bench-serve: {line}", file=sys.stderr)) if args.progress else None
-    report = run_serving_bench(
-        client, concurrency, args.max_tokens, args.repetitions, args.prompt_words, progress
-    )
+    report = run_serving_bench(client, points, workload, args.repetitions, progress)
     print(markdown(report))
     if args.output is not None:
         args.output.write_text(json.dumps(report, indent=2) + "\n")
+    if args.sweep is not None:
+        write_sweep(report, args.sweep)
     parity = [r["greedy_matches_c1"] for r in report["results"]]
     return 1 if False in parity else 0

@@ -34,7 +34,9 @@ generation has stopped, and /health is 503 then). Errors use OpenAI's error obje
 server does not implement is a 400 naming it, never ignored (n, best_of, suffix, tools, tool_choice and
 response_format only at their no-op values). Request extensions: top_k, min_p, repeat_penalty
 (llama.cpp sampling), stop_token_ids, cache_prompt=false (no prefix reuse); max_completion_tokens is
-max_tokens' newer name in chat completions.
+max_tokens' newer name in chat completions. Greedy output (and seeded sampled output) does not depend
+on prefix reuse, streaming or concurrency; where prefill is not batch-invariant (not the CPU's fused
+layer), only whole --prefill-chunk chunks of prompt tokens are reused for that.
 Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms; with
 speculation also draft_n and draft_n_accepted).
 With --speculative each request drafts and verifies in its own slot (a draft model gets as many slots
@@ -127,8 +129,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--prefill-chunk",
         type=positive_int,
         default=DEFAULT_PREFILL_CHUNK,
-        help=f"prompt tokens prefilled per scheduler step, between decode steps "
-        f"(default {DEFAULT_PREFILL_CHUNK})",
+        help=f"prompt tokens prefilled per scheduler step, between decode steps; chunks end at multiples "
+        f"of it (default {DEFAULT_PREFILL_CHUNK})",
     )
     parser.add_argument(
         "--pooling",

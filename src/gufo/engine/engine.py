@@ -130,7 +130,8 @@ class Engine:
 
     def add_prefill_tap(self, layer: int, tap: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Apply `tap` to layer `layer`'s output on prefill passes (a debug perturbation). Prefill then
-        runs eagerly: a captured chunk would not run the host-side tap."""
+        runs the model's own layers eagerly: a captured chunk would not run the host-side tap, and the
+        decode route (`invariant_prefill`) has no prefill pass to perturb."""
         self.model.prefill_taps[layer] = tap
         if self.prefill_graphs is not None:
             self.prefill_graphs.release()
@@ -150,11 +151,22 @@ class Engine:
         if n_tokens > self.context:
             raise BadInputError(f"prompt of {n_tokens} tokens does not fit the context size {self.context}")
 
+    @property
+    def invariant_prefill(self) -> bool:
+        """Whether prefill runs through the batch-invariant decode route, which takes any number of tokens
+        (the CPU's fused decode layer): then a token's logits and KV depend only on the tokens up to it,
+        never on how its prompt was chunked, which prefix was cached or which rows shared a pass, and
+        equal a one-token decode step's (docs/decisions.md, "CPU prefill runs the fused decode layer")."""
+        route = self.model.decode_route
+        return route.batch_invariant and route.max_tokens is None and not self.model.prefill_taps
+
     @torch.inference_mode()
     def prefill(
         self, tokens: Sequence[int], slot: int = 0, start: int = 0, all_logits: bool = False
     ) -> torch.Tensor:
-        """Run tokens through the model in chunks of `batch_size`; logits of the last (or every) token."""
+        """Run tokens through the model in chunks of `batch_size`; logits of the last (or every) token.
+        Through the decode route where that is batch-invariant (`invariant_prefill`), else the model's
+        prefill layers (captured as graphs on GPUs)."""
         self.check_fits(start + len(tokens))
         if not tokens:
             raise BadInputError("empty prompt: nothing to evaluate")
@@ -163,6 +175,7 @@ class Engine:
 
     def _prefill(self, tokens: Sequence[int], slot: int, start: int, all_logits: bool) -> torch.Tensor:
         ids = torch.tensor(list(tokens), dtype=torch.long)
+        per_token = self.invariant_prefill
         outputs = []
         for begin in range(0, len(tokens), self.batch_size):
             chunk = ids[begin : begin + self.batch_size]
@@ -171,7 +184,7 @@ class Engine:
                 hidden = self.prefill_graphs.hidden(chunk, slot, start + begin)
                 logits = self.model.head(hidden, all_logits)
             else:
-                logits = self.forward(chunk, slot, start + begin, all_logits=all_logits)
+                logits = self.forward(chunk, slot, start + begin, all_logits=all_logits, per_token=per_token)
             if all_logits or is_last:
                 outputs.append(logits)
         return (torch.cat(outputs) if all_logits else outputs[-1][-1]).cpu()

@@ -73,7 +73,7 @@ def library() -> ctypes.CDLL | None:
     lib.gufo_linear.argtypes = [i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr]
     lib.gufo_linear.restype = i32
     lib.gufo_rms_norm.argtypes = [i32, i32, ptr, ptr, ctypes.c_float, ptr]
-    lib.gufo_decode_layer.argtypes = [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr]
+    lib.gufo_decode_layer.argtypes = [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, i32]
     return lib
 
 

@@ -2,9 +2,10 @@
 
 At decode a layer is ~35 tiny torch ops whose interpreter cost exceeds their work; the CPU kernel runs
 the whole layer in one C call. It reads the layers as `LayerSpec`s and takes them when every product
-runs on the int8 CPU kernel. It is batch-invariant: it also takes a few consecutive tokens at once and
-gives each the numbers a one-token call would, so speculative verification reads the weights once for
-all drafted tokens without changing greedy output.
+runs on the int8 CPU kernel. It is batch-invariant: it also takes consecutive tokens at once and gives
+each the numbers a one-token call would, so speculative verification reads the weights once for all
+drafted tokens without changing greedy output, and the CPU engine prefills prompts through it too (a
+token's numbers never depend on how its prompt was chunked or what was cached: docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -75,9 +76,8 @@ class DecodeLayerStruct(ctypes.Structure):
 class CpuDecodePlan:
     structs: list[DecodeLayerStruct]
     scratch: list[torch.Tensor]  # what the structs point into, kept alive here
-    n_heads: int
     rows: int  # tokens the scratch holds; longer calls run in chunks of this many
-    scores: torch.Tensor  # attention scores, rows * n_heads * context floats, grown on demand
+    scores: torch.Tensor  # attention scores, context floats per thread, grown on demand
 
 
 def _ptr_of(t: torch.Tensor | None) -> int | None:
@@ -120,7 +120,10 @@ class CpuDecodeLayer(DecodeLayerKernel):
     name = "cpu-fused-layer"
     batch_invariant = True
     multi_slot = True
-    rows = 16  # scratch capacity in tokens: a verification of up to 15 drafts runs in one call
+    # scratch capacity in tokens: a prompt chunk of up to 64 tokens (or a verification of up to 63 drafts)
+    # runs in one call; 16 made CPU prefill through this kernel ~25% slower than the torch layers, 64
+    # as fast (docs/decisions.md, "CPU prefill runs the fused decode layer")
+    rows = 64
 
     @staticmethod
     def available() -> bool:
@@ -209,7 +212,7 @@ class CpuDecodeLayer(DecodeLayerKernel):
                     ld_gate_up,
                 )
             )
-        return CpuDecodePlan(structs, scratch, first.n_heads, rows, torch.empty(0))
+        return CpuDecodePlan(structs, scratch, rows, torch.empty(0))
 
     @staticmethod
     def apply(
@@ -234,8 +237,9 @@ class CpuDecodeLayer(DecodeLayerKernel):
         keys, values = cache.keys[index], cache.values[index]
         if keys.dtype != torch.float32 or not (keys.is_contiguous() and values.is_contiguous()):
             raise TypeError("the CPU decode kernel needs a contiguous float32 KV cache")
-        if plan.scores.numel() < plan.rows * plan.n_heads * cache.context:
-            plan.scores = torch.empty(plan.rows * plan.n_heads * cache.context)
+        threads = torch.get_num_threads()  # the C kernel's team: the OpenMP pool torch sized
+        if plan.scores.numel() < threads * cache.context:
+            plan.scores = torch.empty(threads * cache.context)
         cos, sin = (t.contiguous() for t in rope_tables)
         out = x.contiguous().clone()
         for begin in range(0, n_tokens, plan.rows):
@@ -251,6 +255,7 @@ class CpuDecodeLayer(DecodeLayerKernel):
                 cache.context,
                 (_i32 * len(rows))(*(positions[i] for i in rows)),
                 plan.scores.data_ptr(),
+                threads,
             )
         return out
 

@@ -324,6 +324,8 @@ class DecoderLayer:
         return Residual(x, h) if defer else x + h
 
 
+ROPE_BLOCK = 256  # positions per block of a rope table (`DecoderModel.host_rope_table`)
+
 # Most tokens one batch-invariant per-token pass takes on GPUs: the skinny products' row limit, up to
 # which each row gets its M = 1 arithmetic (gufo.kernels.triton's MAX_BLOCK_M).
 PER_TOKEN_MAX_TOKENS = 16
@@ -371,6 +373,7 @@ class DecoderModel:
         self.ropes: list[Rope] = []
         self.layers: list[DecoderLayer] = []
         self._position_tables: dict[tuple[Rope, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._host_rope: dict[Rope, tuple[torch.Tensor, torch.Tensor]] = {}
         # layer index -> a function of its output stream on multi-token (prefill) passes: a debug
         # perturbation (gufo.tools.quality.validate_prefill); eager only (see Engine.add_prefill_tap)
         self.prefill_taps: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
@@ -511,18 +514,35 @@ class DecoderModel:
     def rope_tables(
         self, rope: Rope, start_pos: int | DevicePosition, n_tokens: int, cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, dim] of the tokens' positions, rows of one table per rope (`host_rope_table`)."""
         if isinstance(start_pos, DevicePosition):
             key = (rope, cache.context)
-            if key not in self._position_tables:  # every position of the cache, computed once
-                full = rope.tables(torch.arange(cache.context))
-                self._position_tables[key] = tuple(t.to(self.device) for t in full)
+            if key not in self._position_tables:  # every position of the cache, on the device once
+                self._position_tables[key] = tuple(
+                    t[: cache.context].to(self.device) for t in self.host_rope_table(rope, cache.context)
+                )
             cos, sin = self._position_tables[key]
             return cos[start_pos.index], sin[start_pos.index]
         if isinstance(start_pos, RowPositions):
-            positions = torch.tensor(start_pos.positions)
-        else:
-            positions = torch.arange(start_pos, start_pos + n_tokens)
-        return tuple(t.to(self.device) for t in rope.tables(positions))
+            cos, sin = self.host_rope_table(rope, max(start_pos.positions) + 1)
+            index = torch.tensor(start_pos.positions)
+            return cos[index].to(self.device), sin[index].to(self.device)
+        cos, sin = self.host_rope_table(rope, start_pos + n_tokens)
+        rows = slice(start_pos, start_pos + n_tokens)
+        return cos[rows].to(self.device), sin[rows].to(self.device)
+
+    def host_rope_table(self, rope: Rope, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rope.tables` of positions 0..end - 1 at least, on the host, grown in blocks of ROPE_BLOCK
+        positions each computed on its own: a position's values never depend on which positions were
+        computed with it (torch's vectorized cos/sin and their scalar tails may round differently)."""
+        cos, sin = self._host_rope.get(rope, (torch.empty(0, rope.dim), torch.empty(0, rope.dim)))
+        if cos.shape[0] < end:
+            starts = range(cos.shape[0], end, ROPE_BLOCK)
+            blocks = [rope.tables(torch.arange(first, first + ROPE_BLOCK)) for first in starts]
+            cos = torch.cat([cos, *(c for c, _ in blocks)])
+            sin = torch.cat([sin, *(s for _, s in blocks)])
+            self._host_rope[rope] = cos, sin
+        return cos, sin
 
     def routes(self) -> dict[str, str]:
         """Which kernel ran each op (per linear block format), as `backend:kernel`, for reports."""

@@ -8,6 +8,13 @@ back to the request handlers through their asyncio queues.
 With speculation each decoding job instead runs its slot's Speculator: a draft after its context and
 one verification pass of the pending token and the draft, whose tokens are posted one by one until
 the job ends (end-of-generation, a stop id or max_tokens), so nothing past its end is ever posted.
+
+A request's output depends on the request alone, never on what else runs or was cached. Where the
+engine's prefill is batch-invariant (`Engine.invariant_prefill`: the CPU's fused layer) any cached
+prefix gives the numbers a fresh prefill would. Elsewhere a token's numbers depend on the prefill chunk
+it was in, so chunks start at multiples of `prefill_chunk` (absolute positions) and a request reuses
+only KV that its own fresh prefill would compute in the same chunks: whole chunks of prefilled tokens,
+never decoded ones (docs/decisions.md, "Greedy output is a function of the request alone").
 """
 
 from __future__ import annotations
@@ -117,6 +124,7 @@ class Scheduler:
         self.n_slots = engine.cache.n_slots
         self.eog_ids = engine.tokenizer.eog_ids
         self.slot_tokens: list[list[int]] = [[] for _ in range(self.n_slots)]  # ids whose KV is valid
+        self.slot_prefilled = [0] * self.n_slots  # how many of those came from prefill passes
         self.active: dict[int, Job] = {}  # slot -> job, in admission order
         self.waiting: deque[Job] = deque()
         self._calls: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()  # see `call`
@@ -252,6 +260,9 @@ class Scheduler:
                 slot = max(free, key=lambda s: common_prefix(self.slot_tokens[s], prompt))
                 # At least the last prompt token is evaluated: its logits give the first token.
                 reused = min(common_prefix(self.slot_tokens[slot], prompt), len(prompt) - 1)
+                if not self.engine.invariant_prefill:  # whole chunks that a fresh prefill computes alike
+                    chunk = self.prefill_chunk
+                    reused = min(reused, self.slot_prefilled[slot]) // chunk * chunk
                 if reused < len(self.slot_tokens[slot]) and not self.engine.rewindable:
                     reused = 0  # a recurrent state only continues the whole sequence it holds
             else:  # leave the most valuable cached prefixes to other requests
@@ -259,6 +270,7 @@ class Scheduler:
                 reused = 0
             free.remove(slot)
             del self.slot_tokens[slot][reused:]
+            self.slot_prefilled[slot] = min(self.slot_prefilled[slot], reused)
             job.slot, job.prefilled, job.cached_tokens = slot, reused, reused
             job.admitted_at = time.perf_counter()
             self.active[slot] = job
@@ -308,10 +320,14 @@ class Scheduler:
                 self._fail(job, err)
 
     def _prefill_chunk(self, job: Job) -> None:
-        chunk = job.prompt_ids[job.prefilled : job.prefilled + self.prefill_chunk]
+        """Prompt tokens up to the next multiple of `prefill_chunk` (the same chunks with or without a
+        cached prefix)."""
+        end = (job.prefilled // self.prefill_chunk + 1) * self.prefill_chunk
+        chunk = job.prompt_ids[job.prefilled : end]
         logits = self.engine.prefill(chunk, job.slot, start=job.prefilled)
         job.prefilled += len(chunk)
         self.slot_tokens[job.slot].extend(chunk)
+        self.slot_prefilled[job.slot] = job.prefilled
         if job.prefilled == len(job.prompt_ids):
             self._sample(job, logits)
 

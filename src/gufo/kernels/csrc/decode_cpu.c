@@ -1,6 +1,6 @@
 /* One decoder layer for M tokens in a single call (the CPU decode path: M = 1 at decode, M = k + 1
- * consecutive tokens of one sequence when verifying k speculative drafts, M sequences' next tokens in
- * a batched decode step: each row has its own cache and position).
+ * consecutive tokens of one sequence when verifying k speculative drafts or prefilling a prompt chunk,
+ * M sequences' next tokens in a batched decode step: each row has its own cache and position).
  *
  * At decode every op works on one vector, so the interpreter's cost per op outweighs the op itself;
  * here a layer is one parallel region: the int8 products split their weight rows over the threads
@@ -15,6 +15,7 @@
  * bit for bit.
  */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "qgemm_cpu.h"
@@ -146,12 +147,13 @@ static void activate(const gufo_layer *L, int m) {
 
 /* x [M][n_embd] is updated in place; token m sits at position pos[m] of the cache keys[m]/values[m]
  * (this layer's cache of its slot, [kv_heads][ctx][dim]); every token's k, v are written before any
- * token attends. cos/sin: the RoPE tables of the M positions ([M][rope_dim]). scores: M * n_heads * ctx
- * floats. */
+ * token attends. cos/sin: the RoPE tables of the M positions ([M][rope_dim]). The team has n_threads
+ * threads, and scores holds ctx floats for each (one head's attention scores at a time). */
 void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, const float *sin,
-                       float *const *keys, float *const *values, int ctx, const int32_t *pos, float *scores) {
+                       float *const *keys, float *const *values, int ctx, const int32_t *pos, float *scores,
+                       int n_threads) {
     const int n_attn = L->n_heads * L->value_dim, E = L->n_embd;
-#pragma omp parallel
+#pragma omp parallel num_threads(n_threads)
     {
 #pragma omp single
         for (int m = 0; m < M; m++) gufo_rms_norm(1, E, x + (size_t)m * E, L->attn_norm, L->eps, L->xn + (size_t)m * E);
@@ -179,7 +181,7 @@ void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, c
         for (int i = 0; i < M * L->n_heads; i++) {
             const int m = i / L->n_heads, h = i % L->n_heads, at = pos[m];
             const int first = L->window > 0 && at - L->window + 1 > 0 ? at - L->window + 1 : 0;
-            attend(L, m, h, keys[m], values[m], ctx, first, at, scores + (size_t)i * ctx);
+            attend(L, m, h, keys[m], values[m], ctx, first, at, scores + (size_t)omp_get_thread_num() * ctx);
         }
         quantize(L, M, n_attn, L->attn);
         products(L, M, 1, &L->o, n_attn, E);

@@ -62,3 +62,25 @@ def parse_positive_list(text: str, flag: str) -> list[int]:
     if 0 in values:
         raise BadInputError(f"{flag}: values must be positive, got {text!r}")
     return values
+
+
+def parse_span(text: str, flag: str) -> tuple[int, int]:
+    """`N` or `A:B` (inclusive), positive integers with A <= B: the range a value is drawn from."""
+    parts = text.split(":")
+    if len(parts) > 2 or not all(part.isdigit() for part in parts):
+        raise BadInputError(f"{flag}: expected a positive integer N or a range A:B, got {text!r}")
+    low, high = int(parts[0]), int(parts[-1])
+    if low == 0 or high < low:
+        raise BadInputError(f"{flag}: {text!r} needs 0 < A <= B")
+    return low, high
+
+
+def parse_positive_floats(text: str, flag: str) -> list[float]:
+    """A list of positive numbers such as `0.5,1,4` (request rates)."""
+    try:
+        values = [float(item) for item in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(0 < v < float("inf") for v in values):
+        raise BadInputError(f"{flag}: expected positive numbers like 0.5,1,4, got {text!r}")
+    return values

@@ -1,0 +1,89 @@
+"""Determinism as a contract (issue 23, acceptance 3 on the CPU): the same greedy request gets the same
+text whatever else the server holds or does: streamed or not, alone or among 8 concurrent requests, with
+its whole prompt prefilled, with a prefix another request left cached, or with all of it cached."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from gufo.engine.engine import Engine
+from gufo.gguf.aliases import resolve_model
+from gufo.gguf.model_file import open_model_file
+from gufo.options import RunOptions
+from gufo.server.settings import ServerSettings
+from gufo.tokenizer import Tokenizer
+from tests.server.conftest import live_server
+
+SESSIONS = 8
+MAX_TOKENS = 64
+OTHER_TOKENS = 16  # tokens of the requests running beside the target (CPU time: CI budget)
+TEXT = (
+    "The river left the mountains in spring and carried the melted snow past the old mill, where the "
+    "miller's daughter kept a notebook of every flood since her grandfather's time. She wrote down the "
+    "height of the water on the stone wall, the colour of the sky, and the names of the boats that "
+    "passed. Each autumn she read the notebook again from the first page, and she noticed that the "
+    "floods came in cycles of about seven years, with a small one between them. When the village "
+    "council asked whether they should build a new dam above the mill, she opened the notebook and"
+)
+SHARED = 53  # prompt tokens the prefix request shares with the target: no chunk or block boundary
+
+
+@pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
+def served(request):
+    alias = request.param
+
+    def load() -> Engine:
+        return Engine(alias, options=RunOptions(threads=1), context=512, n_slots=SESSIONS)
+
+    tokenizer = Tokenizer.from_gguf(open_model_file(resolve_model(alias)).metadata)
+    prompt = tokenizer.encode(TEXT, add_special=True, parse_special=False)
+    with live_server(ServerSettings(alias, max_tokens=MAX_TOKENS, max_pending=SESSIONS), load) as live:
+        yield alias, live, prompt
+
+
+def completion(
+    live, model: str, prompt: list[int], cache_prompt: bool, stream: bool = False, tokens=MAX_TOKENS
+):
+    """(text, cached_tokens) of one greedy request."""
+    args = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0}
+    extra = {"extra_body": {"cache_prompt": cache_prompt}}
+    client = live.client()
+    if not stream:
+        reply = client.completions.create(**args, **extra)
+        return reply.choices[0].text, reply.usage.prompt_tokens_details.cached_tokens
+    usage = {"stream_options": {"include_usage": True}}
+    chunks = list(client.completions.create(**args, **extra, stream=True, **usage))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    return text, chunks[-1].usage.prompt_tokens_details.cached_tokens
+
+
+def test_greedy_text_is_a_function_of_the_request_alone(served):
+    model, live, prompt = served
+    assert len(prompt) >= 100
+    outputs = {}
+    # A request that shares the first SHARED tokens (it only needs its prompt prefilled), then the
+    # target, which reuses exactly those: its prefill starts inside what a fresh one does in one chunk.
+    other = prompt[:SHARED] + [t for t in reversed(prompt[SHARED:]) if t != prompt[SHARED]][:40]
+    completion(live, model, other, cache_prompt=True, tokens=1)
+    outputs["after a shared prefix"], cached = completion(live, model, prompt, cache_prompt=True)
+    assert cached == SHARED
+    outputs["alone, whole prompt prefilled"], cached = completion(live, model, prompt, cache_prompt=False)
+    assert cached == 0
+    # All but the last token cached: that one is prefilled alone.
+    outputs["streamed, all but the last token cached"], cached = completion(
+        live, model, prompt, cache_prompt=True, stream=True
+    )
+    assert cached == len(prompt) - 1
+    # Among 8: prefilled while seven other prompts of other lengths decode, then decoded in the same
+    # batched steps as they are (for their first OTHER_TOKENS tokens).
+    others = [prompt[i : i + 20 + 9 * i] for i in range(1, SESSIONS)]
+    with concurrent.futures.ThreadPoolExecutor(SESSIONS) as pool:
+        running = [pool.submit(completion, live, model, p, False, tokens=OTHER_TOKENS) for p in others]
+        target = pool.submit(completion, live, model, prompt, False)
+        outputs["among 8 concurrent"], _ = target.result()
+        assert all(r.result()[0] for r in running)
+    reference = outputs["alone, whole prompt prefilled"]
+    assert len(reference) > 100  # 64 tokens of text, not an early end
+    assert {k: v for k, v in outputs.items() if v != reference} == {}
