@@ -18,14 +18,16 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gufo import __version__
+from gufo.engine.constraint import TokenConstraint
 from gufo.engine.engine import Engine
-from gufo.errors import BadInputError
 from gufo.server.gate import Gate
+from gufo.server.reply import THINK_OPEN, ReplyParser
 from gufo.server.responses import ApiError, ChatShape, CompletionShape, Generation, collect, stream_events
 from gufo.server.scheduler import Job, QueueFullError, WorkerDeadError
 from gufo.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from gufo.server.settings import ServerSettings
 from gufo.server.state import Runtime, ServerState
+from gufo.server.structured import check_tools, constraint_for, render_prompt, thinks
 from gufo.server.text import TextStream
 
 log = logging.getLogger(__name__)
@@ -115,13 +117,24 @@ def create_app(
     async def chat_completions(request: Request):
         body = await parse(request, ChatCompletionRequest)
         runtime = state.ready()
-        messages = [m.as_template_input() for m in body.messages]
+        check_tools(body)
         tok = runtime.engine.tokenizer
-        try:
-            prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special=True, parse_special=True)
-        except BadInputError as err:
-            raise ApiError(400, str(err), param="messages") from None
-        return await respond(request, runtime, body, prompt_ids, chat=True)
+        prompt = render_prompt(body, tok)
+        prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
+        constraint = await asyncio.to_thread(constraint_for, body, runtime.grammars)
+        if constraint is not None and runtime.scheduler.speculators is not None:
+            message = "structured output and constrained tool calls are not supported with --speculative"
+            param = "response_format" if body.response_format is not None else "tool_choice"
+            raise ApiError(400, message, param=param)
+        thinking = thinks(tok)
+        tool_names = body.tool_names()
+        reply = None
+        if thinking or tool_names is not None:
+            in_thought = thinking and prompt.rstrip().endswith(THINK_OPEN)
+            reply = ReplyParser(thinking, in_thought, tool_names)
+        return await respond(
+            request, runtime, body, prompt_ids, chat=True, constraint=constraint, reply=reply
+        )
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -149,8 +162,11 @@ def create_app(
         prompt_ids: list[int],
         chat: bool,
         echo: str = "",
+        constraint: TokenConstraint | None = None,
+        reply: ReplyParser | None = None,
     ):
-        """`echo`: text put before the generated text (completions' echo)."""
+        """`echo`: text put before the generated text (completions' echo); `constraint`: the grammar;
+        `reply`: how a chat reply's text splits into reasoning, content and tool calls."""
         if body.model is not None and body.model != settings.model_id:
             raise ApiError(
                 404,
@@ -188,6 +204,7 @@ def create_app(
             stop_ids=stop_ids,
             top_logprobs=body.logprob_count(),
             cache_prompt=body.cache_prompt,
+            constraint=constraint,
         )
         try:
             runtime.scheduler.submit(job)
@@ -198,7 +215,12 @@ def create_app(
             raise ApiError(503, str(err), "unavailable_error", code="worker_stopped") from None
         text = TextStream(runtime.engine.tokenizer, body.stop_strings(), stop_ids)
         generation = Generation(runtime.scheduler, job, text, settings.request_timeout, echo)
-        shape = (ChatShape if chat else CompletionShape)(settings.model_id, runtime.engine.tokenizer)
+        tokenizer = runtime.engine.tokenizer
+        shape = (
+            ChatShape(settings.model_id, tokenizer, reply)
+            if chat
+            else CompletionShape(settings.model_id, tokenizer)
+        )
         if body.stream:
             return StreamingResponse(
                 stream_events(generation, shape, body.include_usage),

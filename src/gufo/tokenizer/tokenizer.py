@@ -229,6 +229,10 @@ class Tokenizer:
         """Text of ``ids``; invalid UTF-8 (a character cut at the end) becomes U+FFFD."""
         return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token adds in the middle of a text; empty for control tokens."""
+        return self._piece(token_id, special=False)
+
     def token_text(self, token_id: int) -> str:
         """One token as text for display: its piece, with bytes that are not UTF-8 as ``<0xXX>``."""
         piece = self._piece(token_id, special=True)
