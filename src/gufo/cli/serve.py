@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gufo.cli.chat import named_template
 from gufo.cli.commands import summary
 from gufo.cli.common import (
     add_engine_flags,
@@ -20,6 +21,7 @@ from gufo.cli.common import (
 )
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
 from gufo.server.settings import DEFAULT_PREFILL_CHUNK, ServerSettings
+from gufo.tokenizer.chat import BUILTIN_TEMPLATES
 
 DEFAULTS = ServerSettings(model_id="")
 
@@ -28,9 +30,12 @@ Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET 
 the model loads), GET /metrics (Prometheus text; with --speculative, gufo_draft_tokens_total and
 gufo_draft_tokens_accepted_total count drafts; gufo_worker_up is 0 once generation has stopped, and
 /health is 503 then). Errors use OpenAI's error object; a parameter the server does not implement is a
-400 naming it, never ignored (n, best_of, suffix, tools, tool_choice and response_format only at their
-no-op values). Request extensions: top_k, min_p, repeat_penalty (llama.cpp sampling), stop_token_ids,
-cache_prompt=false (no prefix reuse).
+400 naming it, never ignored (n, best_of and suffix only at their no-op values). Chat completions take
+tools and tool_choice (calls parsed from hermes-style <tool_call> JSON; "required" and a named function
+are enforced by constrained decoding), response_format json_object and json_schema (a token mask), and
+split a thinking template's <think> text into reasoning_content. Request extensions: top_k, min_p,
+repeat_penalty (llama.cpp sampling), stop_token_ids, cache_prompt=false (no prefix reuse),
+chat_template_kwargs (variables for the chat template, e.g. enable_thinking).
 Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms; with
 speculation also draft_n and draft_n_accepted).
 With --speculative each request drafts and verifies in its own slot (a draft model gets as many slots
@@ -126,6 +131,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"prompt tokens prefilled per scheduler step, between decode steps "
         f"(default {DEFAULT_PREFILL_CHUNK})",
     )
+    parser.add_argument(
+        "--chat-template",
+        metavar="NAME|FILE",
+        default=None,
+        help=f"render chat requests with a built-in template ({', '.join(BUILTIN_TEMPLATES)}) or a jinja "
+        "file instead of the GGUF's own (default: the GGUF's, else ChatML or Gemma's format)",
+    )
     add_speculative_flags(parser)
     parser.set_defaults(func=run)
 
@@ -162,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         speculative=speculative,
         draft_model=args.draft_model,
+        chat_template=None if args.chat_template is None else named_template(args.chat_template),
     )
     if args.tensor_parallel > 1:
         preflight(model_file, args.tensor_parallel)  # refused before anything listens

@@ -119,14 +119,14 @@ def create_app(
         runtime = state.ready()
         check_tools(body)
         tok = runtime.engine.tokenizer
-        prompt = render_prompt(body, tok)
+        prompt = render_prompt(body, tok, settings.chat_template)
         prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
         constraint = await asyncio.to_thread(constraint_for, body, runtime.grammars)
         if constraint is not None and runtime.scheduler.speculators is not None:
             message = "structured output and constrained tool calls are not supported with --speculative"
             param = "response_format" if body.response_format is not None else "tool_choice"
             raise ApiError(400, message, param=param)
-        thinking = thinks(tok)
+        thinking = thinks(tok, settings.chat_template)
         tool_names = body.tool_names()
         reply = None
         if thinking or tool_names is not None:

@@ -23,3 +23,4 @@ class ServerSettings:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     speculative: SpeculativeParams | None = None  # None: plain decoding
     draft_model: str | None = None  # with speculative mode "draft"
+    chat_template: str | None = None  # jinja source for chat requests; None: the model's own

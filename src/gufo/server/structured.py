@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonschema
 
-from gufo.engine.constraint import GrammarCompiler, TokenConstraint
+from gufo.engine.constraint import GrammarCompiler, TokenConstraint, unenforced_keyword
 from gufo.errors import BadInputError
 from gufo.server.reply import CALL_CLOSE, CALL_OPEN, THINK_OPEN, call_text, describe_tools
 from gufo.server.responses import ApiError
@@ -32,10 +32,17 @@ def check_schema(schema: dict, param: str) -> None:
 
 
 def check_tools(body: ChatCompletionRequest) -> None:
-    """Each tool's parameters are a valid schema; a named tool_choice names one of them."""
+    """Each tool's parameters are a valid schema (one the grammar can enforce, when the choice is
+    constrained); tool_choice needs tools, and a named one names one of them."""
+    constrained = body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice)
     for index, tool in enumerate(body.tools or []):
+        param = f"tools.{index}.function.parameters"
         if tool.function.parameters is not None:
-            check_schema(tool.function.parameters, f"tools.{index}.function.parameters")
+            check_schema(tool.function.parameters, param)
+        found = unenforced_keyword(tool.function.parameters) if constrained else None
+        if found is not None:
+            message = f"{param}: the schema keyword at {found} cannot be enforced in a required call"
+            raise ApiError(400, message, param=param, code="invalid_value")
     choice = body.tool_choice
     if choice not in (None, "none") and not body.tools:
         raise ApiError(400, "tool_choice: no tools were given to choose from", param="tool_choice")
@@ -94,7 +101,7 @@ def response_schema(body: ChatCompletionRequest) -> dict:
     return form.schema_
 
 
-def render_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
+def render_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer, template: str | None) -> str:
     """The chat template's text for the request: tools go to the template as `tools=` (as transformers
     passes them); a template that renders no tools gets them described in the system message, and
     earlier calls written into their assistant turns (as llama.cpp's polyfill does)."""
@@ -105,7 +112,7 @@ def render_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
         message = f"chat_template_kwargs: '{reserved[0]}' is set by the server"
         raise ApiError(400, message, param="chat_template_kwargs")
     offered = body.tool_names() is not None
-    source = tokenizer.chat_template or ""
+    source = template or tokenizer.chat_template or ""
     if offered and "tools" in source:
         variables["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
     elif offered:
@@ -121,10 +128,10 @@ def render_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
                 written = "\n".join(call_text(call) for call in calls)
                 message["content"] = f"{message['content']}\n{written}".strip()
     try:
-        return tokenizer.apply_chat_template(messages, **variables)
+        return tokenizer.apply_chat_template(messages, template=template, **variables)
     except BadInputError as err:
         raise ApiError(400, str(err), param="messages") from None
 
 
-def thinks(tokenizer: Tokenizer) -> bool:
-    return THINK_OPEN in (tokenizer.chat_template or "")
+def thinks(tokenizer: Tokenizer, template: str | None) -> bool:
+    return THINK_OPEN in (template or tokenizer.chat_template or "")
