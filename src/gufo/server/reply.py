@@ -40,6 +40,7 @@ class ReplyParser:
     _held: str = ""
     _content: list[str] = field(default_factory=list)
     _seen_text: bool = False
+    _after_thought: bool = False  # the newlines that follow `</think>` are the template's, not content
 
     def push(self, text: str) -> list[dict]:
         """Delta fields to send now for a piece of text."""
@@ -66,11 +67,14 @@ class ReplyParser:
                     continue
                 if not final and THINK_OPEN.startswith(stripped):
                     break  # could still open a thought
+            if self._after_thought:
+                self._held = self._held.lstrip("\n")
+                self._after_thought = not self._held
+                continue
             tag = THINK_CLOSE if self.in_thought else None
             if tag is not None and tag in self._held:
                 thought, self._held = self._held.split(tag, 1)
-                self.in_thought, self._seen_text = False, True
-                self._held = self._held.lstrip("\n")
+                self.in_thought, self._seen_text, self._after_thought = False, True, True
                 if thought:
                     deltas.append({"reasoning_content": thought})
                 continue
