@@ -58,6 +58,8 @@ def test_hermes_calls_are_parsed_however_streamed(cuts):
         ("add", {"a": 1, "b": 2}),
     ]
     assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    _, first = run(ReplyParser(tool_names=NAMES, one_call=True), pieces(CALLS, cuts))
+    assert [c["function"]["name"] for c in first] == ["get_weather"]  # parallel_tool_calls false
 
 
 def test_generic_json_fallback_and_unknown_names():

@@ -155,11 +155,12 @@ def test_json_object_parses(served):
     model, client = served
     reply = client.chat.completions.create(
         model=model,
-        messages=MESSAGES,
+        messages=[{"role": "user", "content": "Give two colors and their counts as JSON."}],
         max_tokens=MAX_TOKENS,
         temperature=0,
         response_format={"type": "json_object"},
     )
+    assert reply.choices[0].finish_reason == "stop", reply.choices[0]  # the object closed, not max_tokens
     assert isinstance(json.loads(reply.choices[0].message.content), dict)
 
 

@@ -75,9 +75,12 @@ class GrammarCompiler:
 
     def wrapped_json_schema(self, before: str, schema: dict, after: str) -> xgrammar.CompiledGrammar:
         """The literal `before`, one JSON value of `schema`, the literal `after` (a tool call's wrapper)."""
-        literal = lambda text: xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")  # noqa: E731
         grammar = xgrammar.Grammar.concat(literal(before), schema_grammar(schema), literal(after))
         return self._compiler.compile_grammar(grammar)
+
+
+def literal(text: str) -> xgrammar.Grammar:
+    return xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")  # a JSON string is an EBNF literal
 
 
 def schema_grammar(schema: dict, strict: bool = True) -> xgrammar.Grammar:
@@ -88,7 +91,7 @@ def schema_grammar(schema: dict, strict: bool = True) -> xgrammar.Grammar:
         raise BadInputError(f"the schema keyword at {found} is not supported (it cannot be enforced)")
     try:
         return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=strict)
-    except RuntimeError as err:  # xgrammar's message starts with a timestamp and a source location
+    except (RuntimeError, ValueError, TypeError) as err:  # a timestamp and a source location, then why
         raise BadInputError(f"the schema is not supported: {str(err).split(': ', 1)[-1].strip()}") from None
 
 

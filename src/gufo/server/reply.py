@@ -32,11 +32,13 @@ def held_prefix(text: str, tag: str) -> int:
 @dataclass
 class ReplyParser:
     """`thinking`: the template thinks; `in_thought`: its generation prompt already opened `<think>`;
-    `tool_names`: the functions offered (None: no tools, the content streams as it comes)."""
+    `tool_names`: the functions offered (None: no tools, the content streams as it comes);
+    `one_call`: parallel_tool_calls is false, so only the first call counts."""
 
     thinking: bool = False
     in_thought: bool = False
     tool_names: frozenset[str] | None = None
+    one_call: bool = False
     _held: str = ""
     _content: list[str] = field(default_factory=list)
     _seen_text: bool = False
@@ -55,7 +57,7 @@ class ReplyParser:
         content, calls = parse_tool_calls("".join(self._content), self.tool_names)
         if content:
             deltas.append({"content": content})
-        return deltas, calls
+        return deltas, calls[:1] if self.one_call else calls
 
     def _release(self, final: bool) -> list[dict]:
         deltas: list[dict] = []

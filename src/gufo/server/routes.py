@@ -131,7 +131,7 @@ def create_app(
         reply = None
         if thinking or tool_names is not None:
             in_thought = thinking and prompt.rstrip().endswith(THINK_OPEN)
-            reply = ReplyParser(thinking, in_thought, tool_names)
+            reply = ReplyParser(thinking, in_thought, tool_names, one_call=body.parallel_tool_calls is False)
         return await respond(
             request, runtime, body, prompt_ids, chat=True, constraint=constraint, reply=reply
         )

@@ -228,7 +228,7 @@ class ChatCompletionRequest(GenerationRequest):
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # a constrained call (required, named) is always one call
+    parallel_tool_calls: bool | None = None  # false: only the first call; a constrained one is always one
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's name: e.g. {"enable_thinking": false}
 
     @field_validator("top_logprobs")
