@@ -16,7 +16,7 @@ from gufo.server.settings import ServerSettings
 from tests.server.conftest import MODEL, assert_error, live_server, load_engine
 
 CHAT = "/v1/chat/completions"
-MAX_TOKENS = 40  # every schema below has a short value; a reply that needs more fails the finish check
+MAX_TOKENS = 64  # every schema below has a short value; a reply that needs more fails the finish check
 
 # Varied shapes with short values: a nested object with an enum and integer bounds, an array of enums,
 # bounded short strings with exclusive number bounds and a boolean.
@@ -82,12 +82,10 @@ TOOLS = [
         "function": {
             "name": "add",
             "description": "Add two small numbers",
-            "parameters": {
+            "parameters": {  # a $ref resolves inside the parameters, not the call around them
+                "$defs": {"small": {"type": "integer", "minimum": 0, "maximum": 99}},
                 "type": "object",
-                "properties": {
-                    "a": {"type": "integer", "minimum": 0, "maximum": 99},
-                    "b": {"type": "integer", "minimum": 0, "maximum": 99},
-                },
+                "properties": {"a": {"$ref": "#/$defs/small"}, "b": {"$ref": "#/$defs/small"}},
                 "required": ["a", "b"],
                 "additionalProperties": False,
             },

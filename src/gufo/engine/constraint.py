@@ -73,10 +73,19 @@ class GrammarCompiler:
         """Raises BadInputError naming a keyword the grammar cannot enforce, or why xgrammar refused it."""
         return self._compiler.compile_grammar(schema_grammar(schema))
 
-    def wrapped_json_schema(self, before: str, schema: dict, after: str) -> xgrammar.CompiledGrammar:
-        """The literal `before`, one JSON value of `schema`, the literal `after` (a tool call's wrapper)."""
-        grammar = xgrammar.Grammar.concat(literal(before), schema_grammar(schema), literal(after))
-        return self._compiler.compile_grammar(grammar)
+    def tool_calls(self, functions: dict[str, dict], before: str, after: str) -> xgrammar.CompiledGrammar:
+        """One call of one of `functions` (name -> parameters schema):
+        `before{"name": NAME, "arguments": ARGUMENTS}after`. Each schema stays a root of its own, so its
+        `$ref`s resolve in it."""
+        calls = [
+            xgrammar.Grammar.concat(
+                literal(f'{before}{{"name": {json.dumps(name)}, "arguments": '),
+                schema_grammar(parameters),
+                literal(f"}}{after}"),
+            )
+            for name, parameters in functions.items()
+        ]
+        return self._compiler.compile_grammar(xgrammar.Grammar.union(*calls) if len(calls) > 1 else calls[0])
 
 
 def literal(text: str) -> xgrammar.Grammar:

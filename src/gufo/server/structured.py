@@ -51,34 +51,26 @@ def check_tools(body: ChatCompletionRequest) -> None:
         raise ApiError(400, message, param="tool_choice")
 
 
-def call_schema(body: ChatCompletionRequest) -> dict | None:
-    """The JSON schema of the one call a constrained tool_choice allows; None when the model chooses."""
+def called_functions(body: ChatCompletionRequest) -> dict[str, dict] | None:
+    """The functions (name -> parameters schema) a constrained tool_choice lets the one call name; None
+    when the model chooses."""
     choice = body.tool_choice
     if choice != "required" and not isinstance(choice, NamedToolChoice):
         return None
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    options = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": tool.function.name},
-                "arguments": tool.function.parameters or ANY_OBJECT,
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
+    return {
+        tool.function.name: tool.function.parameters or ANY_OBJECT
         for tool in body.tools or []
         if named in (None, tool.function.name)
-    ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    }
 
 
 def constraint_for(body: ChatCompletionRequest, compiler: GrammarCompiler) -> TokenConstraint | None:
     """This request's grammar, or None (blocking: compiling a schema takes tens of milliseconds)."""
-    schema = call_schema(body)
+    functions = called_functions(body)
     try:
-        if schema is not None:
-            grammar = compiler.wrapped_json_schema(f"{CALL_OPEN}\n", schema, f"\n{CALL_CLOSE}")
+        if functions is not None:
+            grammar = compiler.tool_calls(functions, f"{CALL_OPEN}\n", f"\n{CALL_CLOSE}")
         elif body.response_format is None or body.response_format.type == "text":
             return None
         elif body.response_format.type == "json_object":
@@ -86,7 +78,7 @@ def constraint_for(body: ChatCompletionRequest, compiler: GrammarCompiler) -> To
         else:
             grammar = compiler.json_schema(response_schema(body))
     except BadInputError as err:
-        param = "tools" if schema is not None else "response_format"
+        param = "tools" if functions is not None else "response_format"
         raise ApiError(400, f"{param}: {err}", param=param, code="invalid_value") from None
     return TokenConstraint(grammar, compiler.vocab_size)
 
