@@ -118,7 +118,7 @@ def served(request):
     model = request.param
 
     def load() -> Engine:
-        return Engine(model, options=RunOptions(threads=1), context=1024, n_slots=CONCURRENT)
+        return Engine(model, options=RunOptions(threads=1), context=4096, n_slots=CONCURRENT)
 
     with live_server(ServerSettings(model, max_tokens=MAX_TOKENS), load) as live:
         yield model, live.client()
