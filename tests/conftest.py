@@ -92,6 +92,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/quality/test_validate_prefill.py::test_metrics_by_hand": ("unit",),
     "tests/server/": ("golden", "system"),
     "tests/server/test_bench_client.py": ("system",),
+    "tests/server/test_reply.py": ("unit",),
     "tests/synth/": ("golden",),
     "tests/tokenizer/": ("golden",),
     "tests/test_import_time.py": ("system",),

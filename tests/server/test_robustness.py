@@ -70,8 +70,20 @@ BAD_CHAT = [
     ({"logit_bias": {"5": 101}}, "logit_bias"),
     ({"logit_bias": {"five": 1}}, "logit_bias"),
     ({"n": 2}, "n"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"not": {}}}}},
+        "response_format",
+    ),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strnig"}}}]}, "tools"),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        "tool_choice",
+    ),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"no_such_parameter": 1}, "no_such_parameter"),

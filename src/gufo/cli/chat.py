@@ -108,6 +108,12 @@ def chat_template(args: argparse.Namespace) -> str | None:
                 f"(-m {CHAT_MODEL}) or give one with --chat-template NAME|FILE (NAME: {names})"
             )
         return None
+    return named_template(choice)
+
+
+def named_template(choice: str) -> str:
+    """The jinja source of a built-in template's NAME or of a FILE."""
+    names = ", ".join(BUILTIN_TEMPLATES)
     if choice in BUILTIN_TEMPLATES:
         return BUILTIN_TEMPLATES[choice]
     try:

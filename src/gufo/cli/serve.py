@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gufo.cli.chat import named_template
 from gufo.cli.commands import summary
 from gufo.cli.common import (
     add_engine_flags,
@@ -21,6 +22,7 @@ from gufo.cli.common import (
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
 from gufo.options import POOLINGS
 from gufo.server.settings import DEFAULT_PREFILL_CHUNK, ServerSettings
+from gufo.tokenizer.chat import BUILTIN_TEMPLATES
 
 DEFAULTS = ServerSettings(model_id="")
 
@@ -31,12 +33,16 @@ GET /v1/models/ID, POST /tokenize and POST /detokenize (llama-server's), the cha
 GET /health (503 while the model loads), GET /metrics (Prometheus text; with --speculative,
 gufo_draft_tokens_total and gufo_draft_tokens_accepted_total count drafts; gufo_worker_up is 0 once
 generation has stopped, and /health is 503 then). Errors use OpenAI's error object; a parameter the
-server does not implement is a 400 naming it, never ignored (n, best_of, suffix, tools, tool_choice and
-response_format only at their no-op values). Request extensions: top_k, min_p, repeat_penalty
-(llama.cpp sampling), stop_token_ids, cache_prompt=false (no prefix reuse); max_completion_tokens is
-max_tokens' newer name in chat completions. Greedy output (and seeded sampled output) does not depend
-on prefix reuse, streaming or concurrency; where prefill is not batch-invariant (not the CPU's fused
-layer), only whole --prefill-chunk chunks of prompt tokens are reused for that.
+server does not implement is a 400 naming it, never ignored (n, best_of and suffix only at their
+no-op values). Chat completions take tools and tool_choice (calls parsed from hermes-style <tool_call>
+JSON; "required" and a named function are enforced by constrained decoding), response_format
+json_object and json_schema (a token mask), and split a thinking template's <think> text into
+reasoning_content. Request extensions: top_k, min_p, repeat_penalty (llama.cpp sampling),
+stop_token_ids, cache_prompt=false (no prefix reuse), chat_template_kwargs (variables for the chat
+template, e.g. enable_thinking); max_completion_tokens is max_tokens' newer name in chat completions.
+Greedy output (and seeded sampled output) does not depend on prefix reuse, streaming or concurrency;
+where prefill is not batch-invariant (not the CPU's fused layer), only whole --prefill-chunk chunks of
+prompt tokens are reused for that.
 Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms; with
 speculation also draft_n and draft_n_accepted).
 With --speculative each request drafts and verifies in its own slot (a draft model gets as many slots
@@ -153,6 +159,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="serve the built-in chat page at / (default: on when --host is 127.0.0.1 or localhost; "
         "--no-webui turns it off)",
     )
+    parser.add_argument(
+        "--chat-template",
+        metavar="NAME|FILE",
+        default=None,
+        help=f"render chat requests with a built-in template ({', '.join(BUILTIN_TEMPLATES)}) or a jinja "
+        "file instead of the GGUF's own (default: the GGUF's, else ChatML or Gemma's format)",
+    )
     add_speculative_flags(parser)
     parser.set_defaults(func=run)
 
@@ -204,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         pooling=args.pooling,
         cors_origins=cors_origins(args.cors_origins),
         webui=webui_on(args.host, args.webui),
+        chat_template=None if args.chat_template is None else named_template(args.chat_template),
     )
     if args.tensor_parallel > 1:
         preflight(model_file, args.tensor_parallel)  # refused before anything listens

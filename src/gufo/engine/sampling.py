@@ -18,15 +18,20 @@ from collections.abc import Sequence
 
 import torch
 
+from gufo.engine.constraint import TokenConstraint
 from gufo.engine.params import SamplingParams
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams, prompt_length: int = 0):
+    def __init__(
+        self, params: SamplingParams, prompt_length: int = 0, constraint: TokenConstraint | None = None
+    ):
         """`prompt_length`: how many leading history tokens are the prompt, which the presence and
-        frequency penalties leave out (OpenAI counts only generated tokens)."""
+        frequency penalties leave out (OpenAI counts only generated tokens); `constraint`: this
+        request's grammar, which masks the penalized logits and hears every token drawn."""
         self.params = params
         self.prompt_length = prompt_length
+        self.constraint = constraint
         self.generator = torch.Generator()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
@@ -37,11 +42,17 @@ class Sampler:
         """Pick the next token from a 1-D float logit vector (on any device: greedy picks where the logits
         are, so only the id crosses to the host); `history` feeds the penalties."""
         logits = self.penalized(logits, history)
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
         drawn = None if self.params.greedy else self._candidates(logits.cpu())
         if drawn is None:
-            return _argmax(logits)
-        ids, final = drawn
-        return int(ids[torch.multinomial(final, 1, generator=self.generator)])
+            token = _argmax(logits)
+        else:
+            ids, final = drawn
+            token = int(ids[torch.multinomial(final, 1, generator=self.generator)])
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        return token
 
     def probabilities(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
         """The whole distribution `__call__` draws from, over the vocabulary (float64; greedy: a point

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
+from gufo.server.reply import ReplyParser
 from gufo.server.scheduler import FinishEvent, Job, Scheduler, TokenEvent
 from gufo.server.text import TextStream
 from gufo.tokenizer import Tokenizer
@@ -163,9 +164,26 @@ class Shape:
         """`tokens` is None when logprobs were not asked for."""
         raise NotImplementedError
 
+    def whole_choice(self, text: str, tokens: list[TokenEvent] | None, finish: str | None) -> dict:
+        return self.choice(text, tokens, finish, False)
+
+    def delta_choices(self, text: str, tokens: list[TokenEvent] | None) -> list[dict]:
+        """The chunks' choices for a piece of text (and its tokens when logprobs were asked for)."""
+        return [self.choice(text, tokens, None, True)] if text or tokens else []
+
+    def closing_choices(self, finish: str) -> list[dict]:
+        """The last chunks' choices, the final one with the finish reason."""
+        return [self.choice("", None, finish, True)]
+
 
 class ChatShape(Shape):
+    """With a `reply` parser, the text is split into reasoning, content and tool calls."""
+
     object_name, chunk_name, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def __init__(self, model_id: str, tokenizer: Tokenizer, reply: ReplyParser | None = None):
+        super().__init__(model_id, tokenizer)
+        self.reply = reply
 
     def first_chunk(self) -> dict:
         role = {"role": "assistant", "content": ""}
@@ -193,6 +211,53 @@ class ChatShape(Shape):
         key = "delta" if delta else "message"
         return {"index": self.index, key: message, "logprobs": logprobs, "finish_reason": finish}
 
+    def whole_choice(self, text: str, tokens: list[TokenEvent] | None, finish: str | None) -> dict:
+        if self.reply is None:
+            return super().whole_choice(text, tokens, finish)
+        deltas, calls = self.reply.push(text), []
+        if finish is not None:
+            more, calls = self.reply.finish()
+            deltas += more
+        choice = self.choice("", tokens, reason(finish, calls), False)
+        message = choice["message"]
+        for part in deltas:
+            for name, value in part.items():
+                message[name] = message.get(name, "") + value
+        message["content"] = message["content"] or (None if calls else "")
+        if calls:
+            message["tool_calls"] = calls
+        return choice
+
+    def delta_choices(self, text: str, tokens: list[TokenEvent] | None) -> list[dict]:
+        if self.reply is None:
+            return super().delta_choices(text, tokens)
+        choices = [self._delta(part) for part in self.reply.push(text)]
+        if tokens:
+            with_logprobs = self.choice("", tokens, None, True)
+            if choices:
+                choices[0]["logprobs"] = with_logprobs["logprobs"]
+            else:
+                choices.append(with_logprobs)
+        return choices
+
+    def closing_choices(self, finish: str) -> list[dict]:
+        if self.reply is None:
+            return super().closing_choices(finish)
+        deltas, calls = self.reply.finish()
+        choices = [self._delta(part) for part in deltas]
+        if calls:
+            indexed = [{"index": index, **call} for index, call in enumerate(calls)]
+            choices.append(self._delta({"tool_calls": indexed}))
+        return [*choices, self.choice("", None, reason(finish, calls), True)]
+
+    def _delta(self, fields: dict) -> dict:
+        return {"index": 0, "delta": fields, "logprobs": None, "finish_reason": None}
+
+
+def reason(finish: str | None, calls: list[dict]) -> str | None:
+    """OpenAI's finish reason: a reply that ended with tool calls says so."""
+    return "tool_calls" if calls and finish == "stop" else finish
+
 
 class CompletionShape(Shape):
     object_name, chunk_name, id_prefix = "text_completion", "text_completion", "cmpl-"
@@ -218,7 +283,7 @@ async def collect(generation: Generation, shape: Shape) -> dict:
         tokens.extend(piece.tokens)
         finish = piece.finish
     wanted = tokens if generation.job.top_logprobs is not None else None
-    response = shape.envelope(shape.object_name, [shape.choice("".join(texts), wanted, finish, False)])
+    response = shape.envelope(shape.object_name, [shape.whole_choice("".join(texts), wanted, finish)])
     return {**response, "usage": generation.usage(), "timings": generation.timings()}
 
 
@@ -229,12 +294,13 @@ async def stream_events(generation: Generation, shape: Shape, include_usage: boo
     logprobs = generation.job.top_logprobs is not None
     try:
         async for piece in generation.pieces():
-            if piece.text or (piece.tokens and logprobs):
-                tokens = piece.tokens if logprobs else None
-                yield sse(shape.envelope(shape.chunk_name, [shape.choice(piece.text, tokens, None, True)]))
+            for choice in shape.delta_choices(piece.text, piece.tokens if logprobs else None):
+                yield sse(shape.envelope(shape.chunk_name, [choice]))
             if piece.finish is not None:
-                last = shape.envelope(shape.chunk_name, [shape.choice("", None, piece.finish, True)])
-                yield sse({**last, "timings": generation.timings()})
+                *before, final = shape.closing_choices(piece.finish)
+                for choice in before:
+                    yield sse(shape.envelope(shape.chunk_name, [choice]))
+                yield sse({**shape.envelope(shape.chunk_name, [final]), "timings": generation.timings()})
         if include_usage:
             yield sse({**shape.envelope(shape.chunk_name, []), "usage": generation.usage()})
     except ApiError as err:  # headers are sent already: the error goes in the stream, as OpenAI does

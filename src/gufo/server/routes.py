@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gufo import __version__
+from gufo.engine.constraint import TokenConstraint
 from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
 from gufo.server import webui
@@ -32,11 +33,13 @@ from gufo.server.embeddings import (
 )
 from gufo.server.gate import Gate
 from gufo.server.prompts import collect_all, stream_all
+from gufo.server.reply import THINK_OPEN, ReplyParser
 from gufo.server.responses import ApiError, ChatShape, CompletionShape, Generation, collect, stream_events
 from gufo.server.scheduler import Job, QueueFullError, WorkerDeadError
 from gufo.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from gufo.server.settings import ServerSettings
 from gufo.server.state import Runtime, ServerState
+from gufo.server.structured import check_tools, constraint_for, render_prompt, thinks
 from gufo.server.text import TextStream
 
 log = logging.getLogger(__name__)
@@ -182,13 +185,27 @@ def create_app(
     async def chat_completions(request: Request):
         body = await parse(request, ChatCompletionRequest)
         runtime = state.ready()
-        messages = [m.as_template_input() for m in body.messages]
+        check_tools(body)
         tok = runtime.engine.tokenizer
         try:
-            prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special=True, parse_special=True)
+            prompt = render_prompt(body, tok, settings.chat_template)
         except BadInputError as err:
             raise ApiError(400, str(err), param="messages") from None
-        return await respond(request, runtime, body, prompt_ids, "", chat=True)
+        prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
+        constraint = await asyncio.to_thread(constraint_for, body, runtime.grammars)
+        if constraint is not None and runtime.scheduler.speculators is not None:
+            message = "structured output and constrained tool calls are not supported with --speculative"
+            param = "response_format" if body.response_format is not None else "tool_choice"
+            raise ApiError(400, message, param=param)
+        thinking = thinks(tok, settings.chat_template)
+        tool_names = body.tool_names()
+        reply = None
+        if thinking or tool_names is not None:
+            in_thought = thinking and prompt.rstrip().endswith(THINK_OPEN)
+            reply = ReplyParser(thinking, in_thought, tool_names, one_call=body.parallel_tool_calls is False)
+        return await respond(
+            request, runtime, body, prompt_ids, "", chat=True, constraint=constraint, reply=reply
+        )
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -253,8 +270,15 @@ def create_app(
             message = f"logit_bias: token ids must be in [0, {vocab_size})"
             raise ApiError(400, message, param="logit_bias", code="invalid_value")
 
-    def start(runtime: Runtime, body: GenerationRequest, prompt_ids: list[int], echo: str) -> Generation:
-        """Submit a checked prompt's job; `echo`: text put before the generated text (completions')."""
+    def start(
+        runtime: Runtime,
+        body: GenerationRequest,
+        prompt_ids: list[int],
+        echo: str,
+        constraint: TokenConstraint | None = None,
+    ) -> Generation:
+        """Submit a checked prompt's job; `echo`: text put before the generated text (completions');
+        `constraint`: the grammar its tokens follow."""
         _, asked = body.token_limit()
         # The context bounds the output too; a reply cut by it ends with finish_reason "length".
         limit = min(asked or settings.max_tokens, runtime.engine.context - len(prompt_ids))
@@ -267,6 +291,7 @@ def create_app(
             stop_ids=stop_ids,
             top_logprobs=body.logprob_count(),
             cache_prompt=body.cache_prompt,
+            constraint=constraint,
         )
         try:
             runtime.scheduler.submit(job)
@@ -285,12 +310,20 @@ def create_app(
         prompt_ids: list[int],
         echo: str,
         chat: bool,
+        constraint: TokenConstraint | None = None,
+        reply: ReplyParser | None = None,
     ):
-        """One prompt's answer, checked already (the chat's is checked here)."""
+        """One prompt's answer, checked already (the chat's is checked here); `reply`: how a chat reply's
+        text splits into reasoning, content and tool calls."""
         if chat:
             check_prompt(runtime, body, prompt_ids, "messages")
-        generation = start(runtime, body, prompt_ids, echo)
-        shape = (ChatShape if chat else CompletionShape)(settings.model_id, runtime.engine.tokenizer)
+        generation = start(runtime, body, prompt_ids, echo, constraint)
+        tokenizer = runtime.engine.tokenizer
+        shape = (
+            ChatShape(settings.model_id, tokenizer, reply)
+            if chat
+            else CompletionShape(settings.model_id, tokenizer)
+        )
         if body.stream:
             return event_stream(stream_events(generation, shape, body.include_usage))
         return await until_disconnect(request, collect(generation, shape))

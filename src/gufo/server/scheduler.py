@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gufo.engine.constraint import TokenConstraint
 from gufo.engine.engine import Engine
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.engine.speculative import SpeculativeStats, Speculator
@@ -74,6 +75,7 @@ class Job:
     stop_ids: frozenset[int] = frozenset()
     top_logprobs: int | None = None  # None: no logprobs; 0: only the sampled token's
     cache_prompt: bool = True
+    constraint: TokenConstraint | None = None  # the request's grammar, its own parse state
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     submitted_at: float = field(default_factory=time.perf_counter)
     # Written by the scheduler thread before the token events that make them meaningful.
@@ -276,7 +278,7 @@ class Scheduler:
             self.active[slot] = job
             self.metrics.admitted(len(prompt), reused)
             try:
-                job.sampler = Sampler(job.params, prompt_length=len(prompt))
+                job.sampler = Sampler(job.params, prompt_length=len(prompt), constraint=job.constraint)
             except Exception as err:  # e.g. a seed torch refuses: this request fails, not the worker
                 log.exception("admitting a request failed")
                 self._fail(job, err)

@@ -5,7 +5,8 @@ the range the sampler serves finitely; an unknown field is a 400 naming it, so n
 for is silently ignored. Fields accepted only at their no-op values (`n`, `best_of`, `suffix`,
 `response_format`, `tools`, `tool_choice`) say so in their 400. Extensions: `cache_prompt` (llama.cpp's
 name) turns prefix reuse off; `stop_token_ids` (vLLM's name) stops on token ids; `top_k`, `min_p` and
-`repeat_penalty` are llama.cpp's sampling extensions.
+`repeat_penalty` are llama.cpp's sampling extensions; `chat_template_kwargs` (vLLM's name) are variables
+for the chat template.
 """
 
 from __future__ import annotations
@@ -114,10 +115,13 @@ class TextPart(BaseModel):
     text: str
 
 
-class FunctionCall(BaseModel):
+class FunctionName(BaseModel):
     model_config = STRICT
 
     name: str
+
+
+class FunctionCall(FunctionName):
     arguments: str  # JSON text, as OpenAI sends it
 
 
@@ -170,17 +174,50 @@ class ChatMessage(BaseModel):
         return message
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = STRICT
+
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # the output always follows the schema, strict or not
+
+
 class ResponseFormat(BaseModel):
     model_config = STRICT
 
-    type: str
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
-    @field_validator("type")
+    @field_validator("json_schema")
     @classmethod
-    def _text_only(cls, kind: str) -> str:
-        if kind != "text":
-            raise ValueError("only {'type': 'text'} is supported (no structured output yet)")
-        return kind
+    def _with_its_type(cls, value: JsonSchemaFormat | None, info: ValidationInfo) -> JsonSchemaFormat | None:
+        if value is not None and info.data.get("type") != "json_schema":
+            raise ValueError("only allowed with type 'json_schema'")
+        return value
+
+
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -189,9 +226,10 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # without tools there is nothing to run in parallel
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: only the first call; a constrained one is always one
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's name: e.g. {"enable_thinking": false}
 
     @field_validator("top_logprobs")
     @classmethod
@@ -200,19 +238,11 @@ class ChatCompletionRequest(GenerationRequest):
             raise ValueError("only allowed with logprobs=true")
         return count
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[Any] | None) -> list[Any] | None:
-        if tools:
-            raise ValueError("tool calling is not supported yet (send no tools)")
-        return tools
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        if choice not in (None, "none"):
-            raise ValueError("tool calling is not supported yet (only 'none')")
-        return choice
+    def tool_names(self) -> frozenset[str] | None:
+        """The functions the model may call; None when it may call none."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return frozenset(tool.function.name for tool in self.tools)
 
     def token_limit(self) -> tuple[str, int | None]:
         """The field that limits the output and its value."""

@@ -27,3 +27,4 @@ class ServerSettings:
     pooling: str = POOLINGS[0]  # how /v1/embeddings pools the tokens' hidden states
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS); none by default
     webui: bool = False  # serve the chat page at /
+    chat_template: str | None = None  # jinja source for chat requests; None: the model's own

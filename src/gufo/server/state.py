@@ -15,7 +15,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 
+from gufo.engine.constraint import GrammarCompiler
 from gufo.engine.engine import Engine
 from gufo.engine.speculative import make_speculators
 from gufo.errors import GufoError
@@ -33,6 +35,11 @@ class Runtime:
 
     engine: Engine
     scheduler: Scheduler
+
+    @cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Built on the first constrained request (reading the vocabulary takes a fraction of a second)."""
+        return GrammarCompiler(self.engine.tokenizer)
 
 
 @dataclass

@@ -233,6 +233,10 @@ class Tokenizer:
         """One token's bytes, special tokens rendered (llama.cpp ``common_token_to_piece``)."""
         return self._piece(token_id, special=True)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token adds in the middle of a text; empty for control tokens."""
+        return self._piece(token_id, special=False)
+
     def token_text(self, token_id: int) -> str:
         """One token as text for display: its piece, with bytes that are not UTF-8 as ``<0xXX>``."""
         piece = self.piece(token_id)

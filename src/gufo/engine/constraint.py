@@ -1,0 +1,126 @@
+"""Constrained decoding: a grammar (a JSON schema, any JSON object, or an EBNF wrapper around one) as a
+token mask applied before sampling, with xgrammar (docs/decisions.md says why not llguidance).
+
+`GrammarCompiler` belongs to one tokenizer (its vocabulary's token bytes, built once); each request gets
+its own `TokenConstraint`, a matcher that holds that request's parse state, so rows of a batch are
+masked independently. Control tokens are never allowed inside the grammar; end-of-generation tokens
+only where the grammar may end.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import xgrammar
+
+from gufo.errors import BadInputError
+from gufo.tokenizer import Tokenizer
+
+# JSON Schema keywords xgrammar does not enforce: a schema using them would not be guaranteed.
+UNENFORCED_KEYWORDS = frozenset(
+    {"not", "if", "then", "else", "dependentSchemas", "uniqueItems", "contains", "minContains",
+     "maxContains", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor"}
+)  # fmt: skip
+
+
+def unenforced_keyword(schema: Any, path: str = "") -> str | None:
+    """The JSON path of the first keyword in `schema` that the grammar cannot enforce, or None."""
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key in UNENFORCED_KEYWORDS:
+                return f"{path}/{key}"
+            # Below these the keys are property names, not keywords.
+            if key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(value, dict):
+                for name, sub in value.items():
+                    found = unenforced_keyword(sub, f"{path}/{key}/{name}")
+                    if found:
+                        return found
+            elif key not in ("enum", "const", "default", "examples"):
+                found = unenforced_keyword(value, f"{path}/{key}")
+                if found:
+                    return found
+    elif isinstance(schema, list):
+        for index, item in enumerate(schema):
+            found = unenforced_keyword(item, f"{path}/{index}")
+            if found:
+                return found
+    return None
+
+
+class GrammarCompiler:
+    """Compiles grammars for one tokenizer's vocabulary; thread-safe (xgrammar's compiler is)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.vocab_size = tokenizer.vocab_size
+        pieces = [
+            b"" if tokenizer.is_special(i) else tokenizer.token_bytes(i) for i in range(self.vocab_size)
+        ]
+        info = xgrammar.TokenizerInfo(
+            pieces,
+            xgrammar.VocabType.RAW,
+            vocab_size=self.vocab_size,
+            stop_token_ids=sorted(tokenizer.eog_ids),
+        )
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+
+    def json_object(self) -> xgrammar.CompiledGrammar:
+        """Any JSON object (OpenAI's json_object mode; xgrammar's built-in JSON grammar allows any value)."""
+        return self._compiler.compile_grammar(schema_grammar({"type": "object"}, strict=False))
+
+    def json_schema(self, schema: dict) -> xgrammar.CompiledGrammar:
+        """Raises BadInputError naming a keyword the grammar cannot enforce, or why xgrammar refused it."""
+        return self._compiler.compile_grammar(schema_grammar(schema))
+
+    def tool_calls(self, functions: dict[str, dict], before: str, after: str) -> xgrammar.CompiledGrammar:
+        """One call of one of `functions` (name -> parameters schema):
+        `before{"name": NAME, "arguments": ARGUMENTS}after`. Each schema stays a root of its own, so its
+        `$ref`s resolve in it."""
+        calls = [
+            xgrammar.Grammar.concat(
+                literal(f'{before}{{"name": {json.dumps(name)}, "arguments": '),
+                schema_grammar(parameters),
+                literal(f"}}{after}"),
+            )
+            for name, parameters in functions.items()
+        ]
+        return self._compiler.compile_grammar(xgrammar.Grammar.union(*calls) if len(calls) > 1 else calls[0])
+
+
+def literal(text: str) -> xgrammar.Grammar:
+    return xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")  # a JSON string is an EBNF literal
+
+
+def schema_grammar(schema: dict, strict: bool = True) -> xgrammar.Grammar:
+    """`strict`: properties the schema does not name are not allowed (OpenAI's strict mode). One-line
+    JSON, no free whitespace: a small model sampled hot would otherwise spend its tokens on blank lines."""
+    found = unenforced_keyword(schema)
+    if found is not None:
+        raise BadInputError(f"the schema keyword at {found} is not supported (it cannot be enforced)")
+    try:
+        return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=strict)
+    except (RuntimeError, ValueError, TypeError) as err:  # a timestamp and a source location, then why
+        raise BadInputError(f"the schema is not supported: {str(err).split(': ', 1)[-1].strip()}") from None
+
+
+class TokenConstraint:
+    """One request's matcher: `mask` the logits before sampling, then `accept` the sampled token."""
+
+    def __init__(self, grammar: xgrammar.CompiledGrammar, vocab_size: int):
+        self._matcher = xgrammar.GrammarMatcher(grammar)
+        self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+        self._vocab_size = vocab_size
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """A copy of the 1-D `logits` with every token the grammar forbids at -inf (on their device)."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        masked = logits.float().clone().unsqueeze(0)
+        xgrammar.apply_token_bitmask_inplace(
+            masked, self._bitmask.to(masked.device, non_blocking=True), vocab_size=self._vocab_size
+        )
+        return masked[0]
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.is_terminated() and not self._matcher.accept_token(token):
+            raise RuntimeError(f"token {token} breaks the grammar")  # a masked sampler never draws one
