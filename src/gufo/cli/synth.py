@@ -10,7 +10,7 @@ from gufo.cli.commands import summary
 from gufo.cli.common import positive_int
 from gufo.gguf.aliases import ALIASES, resolve_model
 from gufo.tools.synth.presets import PRESETS, find_preset
-from gufo.tools.synth.type_mix import MIXES, find_mix
+from gufo.tools.synth.type_mix import DYNAMIC_MIXES, MIXES, find_mix
 
 DEFAULT_VOCAB = "smollm2-135m"
 
@@ -38,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--qtype",
         default="Q4_K_M",
-        help=f"llama-quantize type name whose per-tensor mix to follow ({', '.join(MIXES)}; default Q4_K_M)",
+        help=f"llama-quantize type name whose per-tensor mix to follow ({', '.join(MIXES)}), or a dynamic "
+        f"per-layer mix modelled on unsloth's UD files ({', '.join(DYNAMIC_MIXES)}: docs/decisions.md gives "
+        "its rule); default Q4_K_M",
     )
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="GGUF file to write")
     parser.add_argument(

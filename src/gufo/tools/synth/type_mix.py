@@ -29,6 +29,7 @@ class QuantMix:
     file_type: LlamaFileType  # written as general.file_type
     base: GGMLQuantizationType  # the type of every matrix no rule singles out
     imatrix: bool = False  # made with an importance matrix (llama-quantize needs one for this mix)
+    dynamic: bool = False  # a per-layer mix of our own rule (DYNAMIC_MIXES), not a llama-quantize preset
 
 
 _MIXES = [
@@ -68,6 +69,12 @@ MIXES: dict[str, QuantMix] = {
     name: QuantMix(name, LlamaFileType[f"MOSTLY_{name}"], base, name in _IMATRIX_MIXES)
     for name, base in _MIXES
 }
+# Dynamic mixes modelled on unsloth's "UD" files (docs/decisions.md, "The UD-like synth mix"): what
+# llama-quantize writes with per-tensor --tensor-type overrides, so no preset of its own; the file type
+# stays the base preset's, as in the published UD files.
+DYNAMIC_MIXES: dict[str, QuantMix] = {
+    "UD-Q4_K_XL": QuantMix("UD-Q4_K_XL", LlamaFileType.MOSTLY_Q4_K_M, Q.Q4_K, imatrix=True, dynamic=True),
+}
 # llama.cpp's 2-bit and 1-bit mixes: their own rules for attn_v, ffn_down and attn_output, none else;
 # the two with an IQ2_S base upgrade to IQ3_S where the others upgrade to Q2_K.
 _LOW_BIT = frozenset({"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M"})
@@ -77,9 +84,9 @@ _LOW_BIT_UPGRADE = {"IQ2_S": Q.IQ3_S, "IQ2_M": Q.IQ3_S}  # else Q2_K
 def find_mix(name: str) -> QuantMix:
     """The mix called `name` (any case); a BadInputError says why another name is refused."""
     key = name.upper()
-    if key in MIXES:
-        return MIXES[key]
-    supported = ", ".join(MIXES)
+    if key in MIXES or key in DYNAMIC_MIXES:
+        return MIXES.get(key) or DYNAMIC_MIXES[key]
+    supported = ", ".join([*MIXES, *DYNAMIC_MIXES])
     if f"MOSTLY_{key}" in LlamaFileType.__members__ or key == "F32":
         raise BadInputError(
             f"--qtype {name}: a llama-quantize type that gufo synth does not generate "
@@ -112,6 +119,8 @@ def tensor_type(mix: QuantMix, kind: str, layer: int, shape: ModelShape) -> GGML
         return Q.Q8_0 if mix.base == Q.Q8_0 else Q.Q6_K
     if kind == "token_embd":
         return _token_embd_type(mix)
+    if mix.dynamic:
+        return _ud_q4_k_xl_type(kind, layer, shape)
     if mix.name in _LOW_BIT:
         return _low_bit_type(mix, kind, layer, shape)
     return _general_type(mix, kind, layer, shape)
@@ -187,3 +196,22 @@ def _general_type(mix: QuantMix, kind: str, layer: int, shape: ModelShape) -> GG
     elif kind in ("ffn_gate", "ffn_up") and name == "IQ3_XS" and n_layers // 8 <= layer < 7 * n_layers // 8:
         return Q.IQ3_XXS
     return mix.base
+
+
+# The tensors that carry the residual stream's writes and the value path: more bits, as llama.cpp's
+# Q4_K_M gives them, and never below Q5_K.
+_UD_SENSITIVE_KINDS = frozenset({"attn_v", "attn_qkv", "ffn_down"})
+# The output projections of attention and DeltaNet, and DeltaNet's output gate: IQ4_NL in the middle layers.
+_UD_NL_KINDS = frozenset({"attn_output", "ssm_out", "attn_gate"})
+
+
+def _ud_q4_k_xl_type(kind: str, layer: int, shape: ModelShape) -> GGMLQuantizationType:
+    """UD-Q4_K_XL: the value path and ffn_down at Q6_K in llama.cpp's more-bits layers and Q5_K in the
+    others; every other matrix Q4_K in the first and last eighth of the layers (the sensitive ends) and
+    in between IQ4_NL for the mixers' output projections and gate, IQ4_XS for the rest."""
+    n_layers = shape.num_hidden_layers
+    if kind in _UD_SENSITIVE_KINDS:
+        return Q.Q6_K if use_more_bits(layer, n_layers) else Q.Q5_K
+    if layer < n_layers // 8 or layer >= 7 * n_layers // 8:
+        return Q.Q4_K
+    return Q.IQ4_NL if kind in _UD_NL_KINDS else Q.IQ4_XS
