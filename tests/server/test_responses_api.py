@@ -158,7 +158,8 @@ def test_function_call_whole_and_streamed(server, reference_engine):
 
 def test_codex_shaped_stream_of_reasoning(server, reference_engine):
     """As Codex CLI sends it: instructions, input_text parts, a non-strict tool, reasoning, store false,
-    include, prompt_cache_key. The thought runs past max_output_tokens, so the response is incomplete."""
+    include, prompt_cache_key, client_metadata. The thought runs past max_output_tokens, so the
+    response is incomplete."""
     prompt = (
         "<|im_start|>system\nTools: shell<|im_end|>\n"
         "<|im_start|>system\nYou are a coding agent.<|im_end|>\n"
@@ -194,6 +195,7 @@ def test_codex_shaped_stream_of_reasoning(server, reference_engine):
         "store": False,
         "include": ["reasoning.encrypted_content"],
         "prompt_cache_key": "session-1",
+        "client_metadata": {"originator": "codex_cli_rs"},
         "temperature": 0,
         "max_output_tokens": MAX_TOKENS,
     }
@@ -233,10 +235,22 @@ def test_tool_result_round_trip_renders(server, reference_engine):
     )
     text = greedy_text(reference_engine, prompt)
     assert text and "<tool_call>" not in text  # the oracle's reply is plain content, no call to parse
+    # the earlier turn's output items as a client replays them; its thought stays out of the prompt
+    thought = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "Hm."}],
+    }
     call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": arguments}
-    result = {"type": "function_call_output", "call_id": "call_1", "output": "18 C, sunny"}
+    call |= {"id": "fc_1", "status": "completed"}
+    result = {
+        "type": "function_call_output",
+        "call_id": "call_1",
+        "output": [{"type": "input_text", "text": "18 C, sunny"}],
+    }
     common = {**AGENT_CALL, "tool_choice": "auto", "max_output_tokens": MAX_TOKENS}
-    response = create(server, {**common, "input": [*AGENT_CALL["input"], call, result]})
+    response = create(server, {**common, "input": [*AGENT_CALL["input"], thought, call, result]})
     [message] = response.output
     assert isinstance(message, ResponseOutputMessage) and message.role == "assistant"
     assert message.content[0].text == text and message.content[0].type == "output_text"

@@ -2,10 +2,10 @@
 
 Input items and tools are checked one by one (`input_items`, `function_tools`), so an unsupported item
 or tool type is a 400 naming it rather than a list of every union member's complaint. Fields that
-change nothing here are accepted at the values that mean what gufo does: `store` (kept in memory,
-responses_api.py), `include: ["reasoning.encrypted_content"]` (reasoning items carry their text, never
-encrypted), `truncation: "disabled"`, `background: false`, `service_tier`, `prompt_cache_key`, `user`,
-`safety_identifier` and `text.verbosity`. `seed` is an extension (the chat completions' field).
+change nothing here are accepted at the values that mean what gufo does: `include:
+["reasoning.encrypted_content"]` (reasoning items carry their text, never encrypted), `truncation:
+"disabled"`, `background: false`, `service_tier`, `prompt_cache_key`, `user`, `safety_identifier`,
+`client_metadata` and `text.verbosity`. `seed` is an extension (the chat completions' field).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class FunctionCallItem(BaseModel):
     arguments: str  # JSON text
     id: str | None = None
     status: ItemStatus | None = None
+    namespace: str | None = None
 
 
 class FunctionCallOutputItem(BaseModel):
@@ -174,7 +175,8 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     truncation: Literal["disabled"] | None = None
     background: Literal[False] | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    service_tier: str | None = None
+    client_metadata: dict[str, str] | None = None  # Codex CLI's
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     user: str | None = None
