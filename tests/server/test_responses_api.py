@@ -40,25 +40,22 @@ WEATHER = {
     },
     "strict": True,
 }
-NO_THOUGHT = "<think>\n\n</think>\n\n"  # the template's generation prompt with enable_thinking false
-# As the OpenAI Agents SDK sends a forced call: message items, a function tool, reasoning off.
+# As the OpenAI Agents SDK sends a forced call: message items, a function tool. The template opens a
+# thought, but the call's grammar holds from the first token: the reply is the call.
 AGENT_CALL = {
     "model": MODEL,
     "input": [{"role": "user", "content": "Weather in Paris?"}],
     "tools": [WEATHER],
     "tool_choice": "required",
     "parallel_tool_calls": False,
-    "reasoning": {"effort": "none"},
     "text": {"verbosity": "medium"},
     "temperature": 0,
     "max_output_tokens": CALL_TOKENS,
     "metadata": {"run": "1"},
 }
-CALL_PROMPT = (
-    "<|im_start|>system\nTools: get_weather<|im_end|>\n"
-    "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
-    f"<|im_start|>assistant\n{NO_THOUGHT}"
-)
+ASKED = "<|im_start|>system\nTools: get_weather<|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+NO_THOUGHT = "<think>\n\n</think>\n\n"  # the template's generation prompt with enable_thinking false
+REPLY_OFF = {"tool_choice": "auto", "max_output_tokens": MAX_TOKENS, "reasoning": {"effort": "none"}}
 EVENTS = TypeAdapter(ResponseStreamEvent)
 
 
@@ -116,7 +113,7 @@ def test_function_call_whole_and_streamed(server, reference_engine):
     assert response.max_output_tokens == CALL_TOKENS and response.temperature == 0 and response.store is True
     assert [t.name for t in response.tools] == ["get_weather"] and response.text.format.type == "text"
     usage = response.usage
-    assert usage.input_tokens == prompt_tokens(reference_engine, CALL_PROMPT)
+    assert usage.input_tokens == prompt_tokens(reference_engine, ASKED + "<|im_start|>assistant\n<think>\n")
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert usage.output_tokens_details.reasoning_tokens == 0
 
@@ -142,13 +139,13 @@ def test_function_call_whole_and_streamed(server, reference_engine):
     # the call's result through the store: previous_response_id continues the stored conversation
     rendered = json.dumps({"name": "get_weather", "arguments": json.loads(call.arguments)})  # as tojson
     prompt = (
-        f"{CALL_PROMPT.removesuffix(NO_THOUGHT)}<tool_call>{rendered}</tool_call><|im_end|>\n"
+        f"{ASKED}<|im_start|>assistant\n<tool_call>{rendered}</tool_call><|im_end|>\n"
         "<|im_start|>tool\n18 C, sunny<|im_end|>\n"
         f"<|im_start|>assistant\n{NO_THOUGHT}"
     )
     text = greedy_text(reference_engine, prompt)
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}
-    body = {**AGENT_CALL, "tool_choice": "auto", "max_output_tokens": MAX_TOKENS, "input": [result]}
+    body = {**AGENT_CALL, **REPLY_OFF, "input": [result]}
     again = create(server, {**body, "previous_response_id": response.id})
     assert again.output_text == text and again.previous_response_id == response.id
     assert again.usage.input_tokens == prompt_tokens(reference_engine, prompt)
@@ -229,7 +226,7 @@ def test_tool_result_round_trip_renders(server, reference_engine):
     arguments = '{"city": "Paris"}'
     call_turn = f'<tool_call>{{"name": "get_weather", "arguments": {arguments}}}</tool_call>'
     prompt = (
-        f"{CALL_PROMPT.removesuffix(NO_THOUGHT)}{call_turn}<|im_end|>\n"
+        f"{ASKED}<|im_start|>assistant\n{call_turn}<|im_end|>\n"
         "<|im_start|>tool\n18 C, sunny<|im_end|>\n"
         f"<|im_start|>assistant\n{NO_THOUGHT}"
     )
@@ -249,7 +246,7 @@ def test_tool_result_round_trip_renders(server, reference_engine):
         "call_id": "call_1",
         "output": [{"type": "input_text", "text": "18 C, sunny"}],
     }
-    common = {**AGENT_CALL, "tool_choice": "auto", "max_output_tokens": MAX_TOKENS}
+    common = {**AGENT_CALL, **REPLY_OFF}
     response = create(server, {**common, "input": [*AGENT_CALL["input"], thought, call, result]})
     [message] = response.output
     assert isinstance(message, ResponseOutputMessage) and message.role == "assistant"

@@ -207,7 +207,8 @@ def create_app(
         tool_names = body.tool_names()
         if not thinking and tool_names is None:
             return prompt_ids, constraint, None
-        in_thought = thinking and prompt.rstrip().endswith(THINK_OPEN)
+        # A grammar holds from the reply's first token, so a thought the prompt opened gets no text.
+        in_thought = thinking and constraint is None and prompt.rstrip().endswith(THINK_OPEN)
         reply = ReplyParser(thinking, in_thought, tool_names, one_call=body.parallel_tool_calls is False)
         return prompt_ids, constraint, reply
 
