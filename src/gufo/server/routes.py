@@ -57,7 +57,14 @@ from gufo.server.scheduler import Job, QueueFullError, WorkerDeadError
 from gufo.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from gufo.server.settings import ServerSettings
 from gufo.server.state import Runtime, ServerState
-from gufo.server.structured import check_tools, constraint_for, render_prompt, thinks
+from gufo.server.structured import (
+    check_tools,
+    client_grammar,
+    constrained_field,
+    constraint_for,
+    render_prompt,
+    thinks,
+)
 from gufo.server.text import TextStream
 
 log = logging.getLogger(__name__)
@@ -198,11 +205,10 @@ def create_app(
         prompt = render_prompt(body, tok, settings.chat_template)
         prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
         check_prompt(runtime, body, prompt_ids, "messages")
+        constrained = constrained_field(body)
+        if constrained is not None:
+            check_plain_decoding(runtime, constrained)
         constraint = await asyncio.to_thread(constraint_for, body, runtime.grammars)
-        if constraint is not None and runtime.scheduler.speculators is not None:
-            message = "structured output and constrained tool calls are not supported with --speculative"
-            param = "response_format" if body.response_format is not None else "tool_choice"
-            raise ApiError(400, message, param=param)
         thinking = thinks(tok, settings.chat_template)
         tool_names = body.tool_names()
         if not thinking and tool_names is None:
@@ -211,6 +217,13 @@ def create_app(
         in_thought = thinking and constraint is None and prompt.rstrip().endswith(THINK_OPEN)
         reply = ReplyParser(thinking, in_thought, tool_names, one_call=body.parallel_tool_calls is False)
         return prompt_ids, constraint, reply
+
+    def check_plain_decoding(runtime: Runtime, param: str) -> None:
+        if runtime.scheduler.speculators is not None:
+            message = (
+                f"{param}: structured output and constrained tool calls are not supported with --speculative"
+            )
+            raise ApiError(400, message, param=param)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -269,13 +282,21 @@ def create_app(
                 echo = prompt if isinstance(prompt, str) else tok.decode(prompt_ids)
             check_prompt(runtime, body, prompt_ids, field_name)
             checked.append((prompt_ids, echo))
+        grammar = None
+        if body.grammar_field() is not None:
+            check_plain_decoding(runtime, body.grammar_field()[0])
+            grammar = await asyncio.to_thread(client_grammar, body, runtime.grammars)
+
+        def constraint() -> TokenConstraint | None:  # each prompt's own matcher
+            return None if grammar is None else TokenConstraint(grammar, runtime.grammars.vocab_size)
+
         if not several:
-            generation = start(runtime, body, *checked[0])
+            generation = start(runtime, body, *checked[0], constraint())
             return await respond(request, body, generation, CompletionShape(settings.model_id, tok))
         generations: list[Generation] = []
         try:
             for prompt_ids, echo in checked:
-                generations.append(start(runtime, body, prompt_ids, echo))
+                generations.append(start(runtime, body, prompt_ids, echo, constraint()))
         except ApiError:  # a full queue: the prompts already submitted go too
             for generation in generations:
                 runtime.scheduler.cancel(generation.job)
