@@ -1,15 +1,20 @@
 """The Responses API's output items and stream events from a reply's fields, without a model: every
-event validates against the openai SDK's union of stream events, in OpenAI's order; and the chat
-pipeline's error fields renamed to the Responses ones."""
+event validates against the openai SDK's union of stream events, in OpenAI's order (an error mid-stream
+too); and the chat pipeline's error fields renamed to the Responses ones."""
 
 from __future__ import annotations
+
+import asyncio
+import json
 
 import pytest
 from openai.types.responses import ResponseOutputItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from gufo.server.responses import ApiError
-from gufo.server.responses_api import OutputBuilder, renamed
+from gufo.server.reply import ReplyParser
+from gufo.server.responses import ApiError, Piece
+from gufo.server.responses_api import OutputBuilder, ResponseDraft, ResponseStore, renamed, stream_response
+from gufo.server.responses_schema import ResponsesRequest
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 ITEMS = TypeAdapter(ResponseOutputItem)
@@ -84,4 +89,40 @@ def test_chat_fields_renamed(param, expected):
         f"{expected}: why",
         400,
         "invalid_value",
+    )
+
+
+class FailingGeneration:
+    """A generation that releases one piece of text, then times out."""
+
+    async def pieces(self):
+        yield Piece("Hi", [])
+        raise ApiError(504, "the request timed out (--request-timeout)", "timeout_error")
+
+
+def test_an_error_mid_stream_is_an_error_event_then_response_failed():
+    body = ResponsesRequest.model_validate({"input": "x", "stream": True})
+    draft = ResponseDraft(body, "m", [], tokenizer=None, store=ResponseStore())
+
+    async def events() -> list[str]:
+        return [event async for event in stream_response(FailingGeneration(), draft, ReplyParser())]
+
+    blocks = asyncio.run(events())
+    typed = [EVENTS.validate_python(json.loads(block.split("data: ", 1)[1])) for block in blocks]
+    assert [e.type for e in typed] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "error",
+        "response.failed",
+    ]
+    assert [e.sequence_number for e in typed] == list(range(7))
+    assert typed[5].code == "timeout_error" and "timed out" in typed[5].message
+    failed = typed[6].response
+    assert (
+        failed.status == "failed"
+        and failed.error.code == "server_error"
+        and failed.id == typed[0].response.id
     )
