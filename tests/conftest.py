@@ -93,6 +93,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/server/": ("golden", "system"),
     "tests/server/test_bench_client.py": ("system",),
     "tests/server/test_reply.py": ("unit",),
+    "tests/server/test_responses_events.py": ("unit",),
     "tests/synth/": ("golden",),
     "tests/tokenizer/": ("golden",),
     "tests/test_import_time.py": ("system",),

@@ -20,6 +20,7 @@ from gufo.tools.bench.serving import (
     summarize,
     write_sweep,
 )
+from tests.conftest import gufo
 
 
 def sample(chunk_times: list[float], tokens: int, end: float, prompt: int = 10, cached: int = 0) -> Sample:
@@ -121,3 +122,23 @@ def test_rates():
     for bad in ("0", "-1", "x", "1,,2", "nan", "inf"):
         with pytest.raises(BadInputError, match="--request-rate"):
             parse_positive_floats(bad, "--request-rate")
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--response-format", "json_object"], "--response-format needs --endpoint chat"),
+        (["--endpoint", "chat", "--json-schema", "missing.json"], "--json-schema missing.json: No such file"),
+        (["--endpoint", "chat", "--json-schema", "{path}"], "not JSON"),
+        (["--endpoint", "chat", "--json-schema", "{list}"], "a JSON schema is an object"),
+    ],
+)
+def test_constrained_requests_need_chat_and_a_schema_object(capsys, tmp_path, monkeypatch, flags, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.json").write_text("{type: object")
+    (tmp_path / "list.json").write_text("[]")
+    flags = [f.format(path="bad.json", list="list.json") for f in flags]
+    # checked before any request: nothing listens at this URL
+    code, _, err = gufo(capsys, "bench-serve", "--base-url", "http://127.0.0.1:9", *flags)
+    assert code == 2 and err.startswith("gufo: error: ") and message in err
+    assert err.count("\n") == 1

@@ -4,12 +4,14 @@ and `gufo bench-serve` against it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
 from gufo.engine.sampling import SamplingParams
 from gufo.server.settings import ServerSettings
+from gufo.tools.bench.serving import Client
 from tests.conftest import gufo
 from tests.server.conftest import MODEL, live_server, load_engine
 
@@ -173,3 +175,20 @@ def test_bench_serve_rates_ranges_shared_prefix_and_sweep(server, capsys, tmp_pa
     lines = sweep.read_text().splitlines()
     assert lines[0].startswith("concurrency,request_rate,requests,request_throughput,aggregate_tps,")
     assert [line.split(",")[:3] for line in lines[1:]] == [["2", "", "2"], ["", "20.0", "2"]]
+
+
+def test_bench_serve_sends_the_json_schema(server, capsys, tmp_path):
+    schema, out = tmp_path / "ok.json", tmp_path / "constrained.json"
+    schema.write_text(json.dumps({"enum": ["ok"]}))  # one valid output: the 4 characters "ok" in quotes
+    args = ["--endpoint", "chat", "--json-schema", str(schema), "--concurrency", "2", "--max-tokens", "8"]
+    args += ["-r", "1", "--prompt-words", "8", "-o", str(out)]
+    code, stdout, _ = gufo(capsys, "bench-serve", "--base-url", server.base_url, *args)
+    assert code == 0 and "response_format json_schema" in stdout
+    report = json.loads(out.read_text())
+    assert report["response_format"] == "json_schema"
+    assert report["results"][0]["greedy_matches_c1"] is True
+    # at most a token per character and the end-of-generation token, under the 8 asked for
+    assert all(r["completion_tokens"] <= 4 + 1 for r in report["results"])
+    form = {"type": "json_schema", "json_schema": {"name": "bench", "schema": {"enum": ["ok"]}}}
+    sample = Client(server.base_url, model=MODEL, endpoint="chat", response_format=form).stream("Hi", 8)
+    assert sample.text_sha256 == hashlib.sha256(b'"ok"').hexdigest()

@@ -7,6 +7,7 @@ the field."""
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -202,3 +203,53 @@ def test_bad_schemas_and_tool_choices_are_400s_naming_the_field(server):
     assert error["param"] == "tool_choice"
     error = chat(chat_template_kwargs={"messages": []})
     assert error["param"] == "chat_template_kwargs"
+
+
+# GBNF as llama.cpp writes it: alternatives, a character class with a bounded repeat.
+ANSWER = 'root ::= ("yes" | "no") "."'
+CODE = 'root ::= [0-9]{3} "-" code\ncode ::= [a-z] | [a-z] [a-z]'
+
+
+def test_gbnf_grammar_holds_in_chat_and_completions(server):
+    client = server.client()
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Is the sky blue?"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"grammar": ANSWER},  # llama-server's field
+    )
+    assert reply.choices[0].message.content in ("yes.", "no.") and reply.choices[0].finish_reason == "stop"
+    # vLLM's field on completions, two prompts sampled hot at once: each its own matcher
+    completion = client.completions.create(
+        model=MODEL,
+        prompt=["Code:", "Another code:"],
+        max_tokens=12,  # at most a token per character and the end-of-generation token
+        temperature=1.0,
+        seed=5,
+        extra_body={"structured_outputs": {"grammar": CODE}},
+    )
+    assert len(completion.choices) == 2
+    for choice in completion.choices:
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{1,2}", choice.text) and choice.finish_reason == "stop", choice
+
+
+def test_bad_grammars_are_400s_naming_the_field(server):
+    def post(path: str, **fields) -> dict:
+        body = {"model": MODEL, "max_tokens": 2, **fields}
+        return assert_error(*server.request("POST", path, body), 400)
+
+    error = post(CHAT, messages=WEATHER, grammar="root ::= answer")
+    assert error["param"] == "grammar" and 'Rule "answer" is not defined' in error["message"]
+    error = post("/v1/completions", prompt="x", structured_outputs={"grammar": 'root ::= "open'})
+    assert error["param"] == "structured_outputs.grammar" and "line 1" in error["message"]
+    error = post("/v1/completions", prompt="x", structured_outputs={"grammar": 'start ::= "x"'})
+    assert error["param"] == "structured_outputs.grammar" and '"root"' in error["message"]
+    error = post("/v1/completions", prompt="x", structured_outputs={"regex": "[0-9]+"})
+    assert error["param"] == "structured_outputs.regex"
+    error = post(CHAT, messages=WEATHER, grammar=ANSWER, response_format={"type": "json_object"})
+    assert error["param"] == "grammar" and "response_format" in error["message"]
+    error = post(CHAT, messages=WEATHER, grammar=ANSWER, tools=TOOLS, tool_choice="required")
+    assert error["param"] == "grammar" and "tool_choice" in error["message"]
+    error = post(CHAT, messages=WEATHER, grammar=ANSWER, structured_outputs={"grammar": ANSWER})
+    assert error["param"] == "structured_outputs"

@@ -29,8 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "p50/p95/p99 (ITL per token with --tokenizer, which counts the tokens each streamed chunk "
         "carries; per chunk without it), prefill tok/s (prompt tokens / TTFT), decode tok/s per request, "
         "aggregate tok/s and requests/s over the repetition, the cached prompt tokens, and whether "
-        "greedy outputs under load equal those sent one at a time (SHA-256 of the text). The JSON holds "
-        "no prompt, generated text or host name.",
+        "greedy outputs under load equal those sent one at a time (SHA-256 of the text). With "
+        "--response-format or --json-schema every chat request is constrained, to compare with a run "
+        "without. The JSON holds no prompt, generated text or host name.",
     )
     parser.add_argument("--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8080")
     parser.add_argument(
@@ -95,6 +96,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="/v1/completions with the prompt, or /v1/chat/completions with it as one user message "
         "(default completions)",
     )
+    constraint = parser.add_mutually_exclusive_group()
+    constraint.add_argument(
+        "--response-format",
+        choices=("json_object",),
+        default=None,
+        help='send response_format {"type": "json_object"} with every request, to measure what '
+        "constrained decoding costs against a run without it (needs --endpoint chat; default: none)",
+    )
+    constraint.add_argument(
+        "--json-schema",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="send response_format json_schema (strict) with the JSON schema in FILE with every request; "
+        "the outputs end where the schema's JSON does, so pick one that allows max_tokens of output, such "
+        "as an object with one long string (needs --endpoint chat; default: none)",
+    )
     parser.add_argument(
         "--tokenizer",
         default=None,
@@ -128,6 +146,26 @@ def token_counter(model: str) -> TokenCounter:
     return lambda text: len(tokenizer.encode(text, add_special=False, parse_special=False))
 
 
+def response_format(args: argparse.Namespace) -> dict | None:
+    """The response_format the requests carry, from --response-format or --json-schema."""
+    if args.response_format is None and args.json_schema is None:
+        return None
+    flag = "--response-format" if args.json_schema is None else "--json-schema"
+    if args.endpoint != "chat":
+        raise BadInputError(f"{flag} needs --endpoint chat (response_format is a chat completions field)")
+    if args.json_schema is None:
+        return {"type": args.response_format}
+    try:
+        schema = json.loads(args.json_schema.read_text())
+    except OSError as err:
+        raise BadInputError(f"--json-schema {args.json_schema}: {err.strerror}") from None
+    except ValueError as err:
+        raise BadInputError(f"--json-schema {args.json_schema}: not JSON: {err}") from None
+    if not isinstance(schema, dict):
+        raise BadInputError(f"--json-schema {args.json_schema}: a JSON schema is an object")
+    return {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema, "strict": True}}
+
+
 def load_points(args: argparse.Namespace) -> list[LoadPoint]:
     """The --concurrency points (1,2,4 when neither list is given), then the --request-rate points."""
     from gufo.tools.bench.lists import parse_positive_floats, parse_positive_list
@@ -150,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     from gufo.tools.bench.serving import Client, Workload, markdown, run_serving_bench, write_sweep
 
     points = load_points(args)
+    constraint = response_format(args)
     workload = Workload(
         parse_span(args.prompt_words, "--prompt-words"),
         parse_span(args.max_tokens, "--max-tokens"),
@@ -165,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         model=args.model or "",
         endpoint=args.endpoint,
+        response_format=constraint,
         token_counter=None if args.tokenizer is None else token_counter(args.tokenizer),
     )
     progress = (lambda line: print(f"bench-serve: {line}", file=sys.stderr)) if args.progress else None

@@ -1,5 +1,6 @@
-"""Constrained decoding: a grammar (a JSON schema, any JSON object, or an EBNF wrapper around one) as a
-token mask applied before sampling, with xgrammar (docs/decisions.md says why not llguidance).
+"""Constrained decoding: a grammar (a JSON schema, any JSON object, a client's GBNF, or an EBNF wrapper
+around one) as a token mask applied before sampling, with xgrammar (docs/decisions.md says why not
+llguidance).
 
 `GrammarCompiler` belongs to one tokenizer (its vocabulary's token bytes, built once); each request gets
 its own `TokenConstraint`, a matcher that holds that request's parse state, so rows of a batch are
@@ -73,6 +74,15 @@ class GrammarCompiler:
         """Raises BadInputError naming a keyword the grammar cannot enforce, or why xgrammar refused it."""
         return self._compiler.compile_grammar(schema_grammar(schema))
 
+    def ebnf(self, text: str) -> xgrammar.CompiledGrammar:
+        """A grammar in GBNF, llama.cpp's EBNF (as llama-server and vLLM take it), starting at its rule
+        `root`; raises BadInputError saying where it is wrong."""
+        try:
+            grammar = xgrammar.Grammar.from_ebnf(text)
+        except (RuntimeError, ValueError, TypeError) as err:
+            raise BadInputError(f"invalid grammar: {xgrammar_reason(err)}") from None
+        return self._compiler.compile_grammar(grammar)
+
     def tool_calls(self, functions: dict[str, dict], before: str, after: str) -> xgrammar.CompiledGrammar:
         """One call of one of `functions` (name -> parameters schema):
         `before{"name": NAME, "arguments": ARGUMENTS}after`. Each schema stays a root of its own, so its
@@ -100,8 +110,13 @@ def schema_grammar(schema: dict, strict: bool = True) -> xgrammar.Grammar:
         raise BadInputError(f"the schema keyword at {found} is not supported (it cannot be enforced)")
     try:
         return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=strict)
-    except (RuntimeError, ValueError, TypeError) as err:  # a timestamp and a source location, then why
-        raise BadInputError(f"the schema is not supported: {str(err).split(': ', 1)[-1].strip()}") from None
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise BadInputError(f"the schema is not supported: {xgrammar_reason(err)}") from None
+
+
+def xgrammar_reason(err: Exception) -> str:
+    """Why xgrammar refused, without the timestamp and source location its messages start with."""
+    return str(err).split(": ", 1)[-1].strip()
 
 
 class TokenConstraint:

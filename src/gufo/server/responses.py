@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from gufo.server.reply import ReplyParser
 from gufo.server.scheduler import FinishEvent, Job, Scheduler, TokenEvent
@@ -46,6 +47,41 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         body = error_body(self.message, self.kind, self.param, self.code)
         return JSONResponse(body, self.status, headers=self.headers)
+
+
+SCALAR_MEMBERS = ("str", "int", "float", "bool")  # how pydantic names these members of a union
+
+
+def invalid_request(err: ValidationError, where: tuple[str | int, ...] = ()) -> ApiError:
+    """A 400 naming the first field pydantic refused (`where`: the path of the part it validated)."""
+    errors = err.errors()
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return ApiError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', '')}")
+    loc = (*where, *deepest_member(errors)["loc"])
+    param = ".".join(str(part) for part in loc if not is_union_member(part)) or None
+    reason = "unsupported parameter" if first["type"] == "extra_forbidden" else first["msg"]
+    message = f"{param}: {reason}" if param else f"request body: {reason}"
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+def deepest_member(errors: list[dict]) -> dict:
+    """The first error, or, when it says a union's string (or number) member did not match, the error
+    of its list or object member at the same place: for `str | list[Part]`, that a part's field is
+    wrong, not that the list is no string."""
+    first = errors[0]
+    *place, member = first["loc"] or ("",)
+    if member not in SCALAR_MEMBERS:
+        return first
+    n = len(place)
+    deeper = [e for e in errors[1:] if len(e["loc"]) > n + 1 and list(e["loc"][:n]) == place]
+    return deeper[0] if deeper else first
+
+
+def is_union_member(loc_part: str | int) -> bool:
+    """pydantic tags an error inside `str | list[int]` with the member's type ('str', 'list[int]'); the
+    client named a field, not a type."""
+    return isinstance(loc_part, str) and (loc_part in SCALAR_MEMBERS or "[" in loc_part)
 
 
 @dataclass

@@ -21,7 +21,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gufo import __version__
 from gufo.engine.constraint import TokenConstraint
 from gufo.engine.engine import Engine
-from gufo.errors import BadInputError
 from gufo.server import webui
 from gufo.server.embeddings import (
     DetokenizeRequest,
@@ -34,12 +33,38 @@ from gufo.server.embeddings import (
 from gufo.server.gate import Gate
 from gufo.server.prompts import collect_all, stream_all
 from gufo.server.reply import THINK_OPEN, ReplyParser
-from gufo.server.responses import ApiError, ChatShape, CompletionShape, Generation, collect, stream_events
+from gufo.server.responses import (
+    ApiError,
+    ChatShape,
+    CompletionShape,
+    Generation,
+    Shape,
+    collect,
+    invalid_request,
+    stream_events,
+)
+from gufo.server.responses_api import (
+    ResponseDraft,
+    ResponseStore,
+    chat_request,
+    collect_response,
+    conversation,
+    renamed,
+    stream_response,
+)
+from gufo.server.responses_schema import ResponsesRequest
 from gufo.server.scheduler import Job, QueueFullError, WorkerDeadError
 from gufo.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from gufo.server.settings import ServerSettings
 from gufo.server.state import Runtime, ServerState
-from gufo.server.structured import check_tools, constraint_for, render_prompt, thinks
+from gufo.server.structured import (
+    check_tools,
+    client_grammar,
+    constrained_field,
+    constraint_for,
+    render_prompt,
+    thinks,
+)
 from gufo.server.text import TextStream
 
 log = logging.getLogger(__name__)
@@ -51,6 +76,7 @@ ROUTES = (
     "/v1/models",
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
     "/v1/embeddings",
     "/tokenize",
     "/detokenize",
@@ -62,19 +88,7 @@ async def parse(request: Request, model: type[RequestT]) -> RequestT:
     try:
         return model.model_validate_json(await request.body())
     except ValidationError as err:
-        first = err.errors()[0]
-        if first["type"] == "json_invalid":
-            raise ApiError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', '')}") from None
-        param = ".".join(str(part) for part in first["loc"] if not is_union_member(part)) or None
-        reason = "unsupported parameter" if first["type"] == "extra_forbidden" else first["msg"]
-        message = f"{param}: {reason}" if param else f"request body: {reason}"
-        raise ApiError(400, message, param=param, code="invalid_value") from None
-
-
-def is_union_member(loc_part: str | int) -> bool:
-    """pydantic tags an error inside `str | list[int]` with the member's type ('str', 'list[int]'); the
-    client named a field, not a type."""
-    return isinstance(loc_part, str) and (loc_part in ("str", "int", "float", "bool") or "[" in loc_part)
+        raise invalid_request(err) from None
 
 
 async def cancel_on_disconnect(request: Request, task: asyncio.Task) -> None:
@@ -181,31 +195,68 @@ def create_app(
         body = await parse(request, DetokenizeRequest)
         return detokenize(body, state.ready().engine.tokenizer)
 
+    async def prepare_chat(
+        runtime: Runtime, body: ChatCompletionRequest
+    ) -> tuple[list[int], TokenConstraint | None, ReplyParser | None]:
+        """A checked chat request's prompt ids, its grammar, and how its reply's text splits into
+        reasoning, content and tool calls (None: it is all content)."""
+        check_tools(body)
+        tok = runtime.engine.tokenizer
+        prompt = render_prompt(body, tok, settings.chat_template)
+        prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
+        check_prompt(runtime, body, prompt_ids, "messages")
+        constrained = constrained_field(body)
+        if constrained is not None:
+            check_plain_decoding(runtime, constrained)
+        constraint = await asyncio.to_thread(constraint_for, body, runtime.grammars)
+        thinking = thinks(tok, settings.chat_template)
+        tool_names = body.tool_names()
+        if not thinking and tool_names is None:
+            return prompt_ids, constraint, None
+        # A grammar holds from the reply's first token, so a thought the prompt opened gets no text.
+        in_thought = thinking and constraint is None and prompt.rstrip().endswith(THINK_OPEN)
+        reply = ReplyParser(thinking, in_thought, tool_names, one_call=body.parallel_tool_calls is False)
+        return prompt_ids, constraint, reply
+
+    def check_plain_decoding(runtime: Runtime, param: str) -> None:
+        if runtime.scheduler.speculators is not None:
+            message = (
+                f"{param}: structured output and constrained tool calls are not supported with --speculative"
+            )
+            raise ApiError(400, message, param=param)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await parse(request, ChatCompletionRequest)
         runtime = state.ready()
-        check_tools(body)
-        tok = runtime.engine.tokenizer
+        prompt_ids, constraint, reply = await prepare_chat(runtime, body)
+        generation = start(runtime, body, prompt_ids, "", constraint)
+        shape = ChatShape(settings.model_id, runtime.engine.tokenizer, reply)
+        return await respond(request, body, generation, shape)
+
+    stored = ResponseStore()
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        body = await parse(request, ResponsesRequest)
+        runtime = state.ready()
+        check_model(body.model)
+        messages = conversation(body, stored.conversation(body.previous_response_id))
+        chat = chat_request(body, messages)
         try:
-            prompt = render_prompt(body, tok, settings.chat_template)
-        except BadInputError as err:
-            raise ApiError(400, str(err), param="messages") from None
-        prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
-        constraint = await asyncio.to_thread(constraint_for, body, runtime.grammars)
-        if constraint is not None and runtime.scheduler.speculators is not None:
-            message = "structured output and constrained tool calls are not supported with --speculative"
-            param = "response_format" if body.response_format is not None else "tool_choice"
-            raise ApiError(400, message, param=param)
-        thinking = thinks(tok, settings.chat_template)
-        tool_names = body.tool_names()
-        reply = None
-        if thinking or tool_names is not None:
-            in_thought = thinking and prompt.rstrip().endswith(THINK_OPEN)
-            reply = ReplyParser(thinking, in_thought, tool_names, one_call=body.parallel_tool_calls is False)
-        return await respond(
-            request, runtime, body, prompt_ids, "", chat=True, constraint=constraint, reply=reply
-        )
+            prompt_ids, constraint, reply = await prepare_chat(runtime, chat)
+        except ApiError as err:
+            raise renamed(err) from None
+        generation = start(runtime, chat, prompt_ids, "", constraint)
+        tokenizer = runtime.engine.tokenizer
+        draft = ResponseDraft(body, settings.model_id, messages, tokenizer, stored)
+        if body.stream:
+            return event_stream(stream_response(generation, draft, reply or ReplyParser()))
+        return await until_disconnect(request, collect_response(generation, draft, reply or ReplyParser()))
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> dict:
+        return stored.response(response_id)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -231,12 +282,21 @@ def create_app(
                 echo = prompt if isinstance(prompt, str) else tok.decode(prompt_ids)
             check_prompt(runtime, body, prompt_ids, field_name)
             checked.append((prompt_ids, echo))
+        grammar = None
+        if body.grammar_field() is not None:
+            check_plain_decoding(runtime, body.grammar_field()[0])
+            grammar = await asyncio.to_thread(client_grammar, body, runtime.grammars)
+
+        def constraint() -> TokenConstraint | None:  # each prompt's own matcher
+            return None if grammar is None else TokenConstraint(grammar, runtime.grammars.vocab_size)
+
         if not several:
-            return await respond(request, runtime, body, *checked[0], chat=False)
+            generation = start(runtime, body, *checked[0], constraint())
+            return await respond(request, body, generation, CompletionShape(settings.model_id, tok))
         generations: list[Generation] = []
         try:
             for prompt_ids, echo in checked:
-                generations.append(start(runtime, body, prompt_ids, echo))
+                generations.append(start(runtime, body, prompt_ids, echo, constraint()))
         except ApiError:  # a full queue: the prompts already submitted go too
             for generation in generations:
                 runtime.scheduler.cancel(generation.job)
@@ -303,27 +363,8 @@ def create_app(
         text = TextStream(runtime.engine.tokenizer, body.stop_strings(), stop_ids)
         return Generation(runtime.scheduler, job, text, settings.request_timeout, echo)
 
-    async def respond(
-        request: Request,
-        runtime: Runtime,
-        body: GenerationRequest,
-        prompt_ids: list[int],
-        echo: str,
-        chat: bool,
-        constraint: TokenConstraint | None = None,
-        reply: ReplyParser | None = None,
-    ):
-        """One prompt's answer, checked already (the chat's is checked here); `reply`: how a chat reply's
-        text splits into reasoning, content and tool calls."""
-        if chat:
-            check_prompt(runtime, body, prompt_ids, "messages")
-        generation = start(runtime, body, prompt_ids, echo, constraint)
-        tokenizer = runtime.engine.tokenizer
-        shape = (
-            ChatShape(settings.model_id, tokenizer, reply)
-            if chat
-            else CompletionShape(settings.model_id, tokenizer)
-        )
+    async def respond(request: Request, body: GenerationRequest, generation: Generation, shape: Shape):
+        """A started generation's JSON response, or its stream."""
         if body.stream:
             return event_stream(stream_events(generation, shape, body.include_usage))
         return await until_disconnect(request, collect(generation, shape))

@@ -6,7 +6,8 @@ for is silently ignored. Fields accepted only at their no-op values (`n`, `best_
 `response_format`, `tools`, `tool_choice`) say so in their 400. Extensions: `cache_prompt` (llama.cpp's
 name) turns prefix reuse off; `stop_token_ids` (vLLM's name) stops on token ids; `top_k`, `min_p` and
 `repeat_penalty` are llama.cpp's sampling extensions; `chat_template_kwargs` (vLLM's name) are variables
-for the chat template.
+for the chat template; `grammar` (llama-server's name) or `structured_outputs: {"grammar": ...}`
+(vLLM's) is a GBNF grammar the output follows.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gufo.engine.sampling import SamplingParams
 
@@ -30,6 +31,21 @@ class StreamOptions(BaseModel):
     model_config = STRICT
 
     include_usage: bool = False
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`; of its constraints, only the grammar (its json, regex and choice
+    are a 400 naming them)."""
+
+    model_config = STRICT
+
+    grammar: str | None = None  # optional to pydantic, so that {"regex": ...} is named as unsupported
+
+    @model_validator(mode="after")
+    def _has_grammar(self) -> StructuredOutputs:
+        if self.grammar is None:
+            raise ValueError("grammar is required")
+        return self
 
 
 class GenerationRequest(BaseModel):
@@ -53,6 +69,8 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     cache_prompt: bool = True
     user: str | None = None  # identifies the end user to OpenAI; nothing to do with the output
+    grammar: str | None = None  # llama-server's: a GBNF grammar the output follows
+    structured_outputs: StructuredOutputs | None = None  # vLLM's name for the same
 
     @field_validator("n")
     @classmethod
@@ -77,6 +95,13 @@ class GenerationRequest(BaseModel):
             raise ValueError("only allowed with stream=true")
         return options
 
+    @field_validator("structured_outputs")
+    @classmethod
+    def _one_grammar(cls, value: StructuredOutputs | None, info: ValidationInfo) -> StructuredOutputs | None:
+        if value is not None and info.data.get("grammar") is not None:
+            raise ValueError("not together with grammar")
+        return value
+
     @field_validator("logit_bias")
     @classmethod
     def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
@@ -86,6 +111,14 @@ class GenerationRequest(BaseModel):
             if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
                 raise ValueError(f"biases are in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], got {value}")
         return bias
+
+    def grammar_field(self) -> tuple[str, str] | None:
+        """The field that holds the grammar asked for, and the grammar."""
+        if self.grammar is not None:
+            return "grammar", self.grammar
+        if self.structured_outputs is not None:
+            return "structured_outputs.grammar", self.structured_outputs.grammar or ""
+        return None
 
     def biased_token_ids(self) -> list[int]:
         return [int(key) for key in self.logit_bias or {}]

@@ -2,13 +2,14 @@
 
 `tool_choice` "required" or a named function constrains the reply to one hermes-style call whose
 arguments follow the function's parameters schema; `response_format` json_object / json_schema
-constrains it to JSON. Every schema is checked first (an invalid one, or one using a keyword the
+constrains it to JSON; `grammar` (or `structured_outputs.grammar`) to a client's GBNF grammar, on
+completions too. Every schema is checked first (an invalid one, or one using a keyword the
 grammar cannot enforce, is a 400 naming the field).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
@@ -16,8 +17,11 @@ from gufo.engine.constraint import GrammarCompiler, TokenConstraint, unenforced_
 from gufo.errors import BadInputError
 from gufo.server.reply import CALL_CLOSE, CALL_OPEN, THINK_OPEN, call_text, describe_tools
 from gufo.server.responses import ApiError
-from gufo.server.schemas import ChatCompletionRequest, NamedToolChoice
+from gufo.server.schemas import ChatCompletionRequest, GenerationRequest, NamedToolChoice
 from gufo.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import xgrammar
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 RESERVED_VARIABLES = frozenset({"messages", "tools", "template", "add_generation_prompt"})
@@ -65,8 +69,41 @@ def called_functions(body: ChatCompletionRequest) -> dict[str, dict] | None:
     }
 
 
+def client_grammar(body: GenerationRequest, compiler: GrammarCompiler) -> xgrammar.CompiledGrammar | None:
+    """The request's own grammar (`grammar` or `structured_outputs.grammar`) compiled, or None
+    (blocking: compiling takes milliseconds)."""
+    found = body.grammar_field()
+    if found is None:
+        return None
+    param, text = found
+    try:
+        return compiler.ebnf(text)
+    except BadInputError as err:
+        raise ApiError(400, f"{param}: {err}", param=param, code="invalid_value") from None
+
+
+def constrained_field(body: ChatCompletionRequest) -> str | None:
+    """The field whose constraint the reply follows (one at most), or None."""
+    found = body.grammar_field()
+    fields = [
+        *([found[0]] if found is not None else []),
+        *(
+            ["response_format"]
+            if body.response_format is not None and body.response_format.type != "text"
+            else []
+        ),
+        *(["tool_choice"] if called_functions(body) is not None else []),
+    ]
+    if len(fields) > 1:
+        message = f"{fields[0]}: not together with {fields[1]} (each constrains the whole reply)"
+        raise ApiError(400, message, param=fields[0], code="invalid_value")
+    return fields[0] if fields else None
+
+
 def constraint_for(body: ChatCompletionRequest, compiler: GrammarCompiler) -> TokenConstraint | None:
     """This request's grammar, or None (blocking: compiling a schema takes tens of milliseconds)."""
+    if body.grammar_field() is not None:
+        return TokenConstraint(client_grammar(body, compiler), compiler.vocab_size)
     functions = called_functions(body)
     try:
         if functions is not None:

@@ -4,10 +4,11 @@ A run measures load points: a concurrency C (each repetition starts C streaming 
 request rate R (each repetition sends `requests` requests at Poisson arrivals of R per second, seeded:
 an open loop, each request in its own thread). Requests go to /v1/completions, or /v1/chat/completions
 with `endpoint="chat"`; they are greedy, and each has its prompt length (filler words) and max_tokens
-drawn uniformly from the workload's ranges. Each prompt starts with a random prefix and is sent with
-`cache_prompt: false`, so no request reuses another's KV; in shared-prefix mode every prompt starts with
-the same `shared_prefix_words` words instead and asks the server to reuse cached prefixes, which
-measures the prefix cache (the report sums the cached tokens the server reports).
+drawn uniformly from the workload's ranges; chat requests may carry a `response_format` (json_object
+or json_schema), to measure what constrained decoding costs. Each prompt starts with a random prefix
+and is sent with `cache_prompt: false`, so no request reuses another's KV; in shared-prefix mode every
+prompt starts with the same `shared_prefix_words` words instead and asks the server to reuse cached
+prefixes, which measures the prefix cache (the report sums the cached tokens the server reports).
 
 Every streamed chunk is timed. Inter-token latency is per token: a chunk that carries k tokens after a
 gap g counts as k latencies of g/k, k counted with `token_counter` (the tokens of the text so far, less
@@ -77,6 +78,9 @@ class Client:
     endpoint: str = "completions"  # or "chat"
     token_counter: TokenCounter | None = None
     cache_prompt: bool = False  # let the server reuse cached prefixes (shared-prefix mode)
+    response_format: dict | None = (
+        None  # chat only: OpenAI's response_format, to measure constrained decoding
+    )
     _parts: SplitResult = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +128,7 @@ class Client:
             "stream": True,
             "stream_options": {"include_usage": True},
             "cache_prompt": self.cache_prompt,
+            **({"response_format": self.response_format} if self.response_format else {}),
         }
         started = time.perf_counter()
         response = self._request("POST", "/chat/completions" if chat else "/completions", body)
@@ -363,6 +368,7 @@ def run_serving_bench(
     return {
         "model": client.model,
         "endpoint": client.endpoint,
+        "response_format": (client.response_format or {}).get("type"),
         "itl_unit": "chunk" if client.token_counter is None else "token",
         "max_tokens": list(workload.max_tokens),
         "prompt_words": list(workload.prompt_words),
@@ -392,8 +398,11 @@ def markdown(report: dict) -> str:
         return "-" if v is None else f"{v:.2f}"
 
     shared = report["shared_prefix_words"]
+    constrained = report.get("response_format")
     lines = [
-        f"model {report['model']} ({report['endpoint']}), max_tokens {span(report['max_tokens'])}, "
+        f"model {report['model']} ({report['endpoint']}"
+        + (f", response_format {constrained}" if constrained else "")
+        + f"), max_tokens {span(report['max_tokens'])}, "
         f"prompt ~{span(report['prompt_words'])} words"
         + (f" after a shared prefix of {shared} words" if shared else "")
         + f", {report['repetitions']} repetitions, seed {report['seed']}, ITL per {report['itl_unit']}",
