@@ -21,7 +21,14 @@ VOCAB = 128
 CONTEXT = 512
 
 
-ARCHITECTURES = {"qwen35": "Qwen3_5ForCausalLM", "qwen3next": "Qwen3NextForCausalLM"}
+ARCHITECTURES = {
+    "qwen35": "Qwen3_5ForCausalLM",
+    "qwen3next": "Qwen3NextForCausalLM",
+    "qwen35moe": "Qwen3_5MoeForCausalLM",
+}
+EXPERTS = dict(  # the mixture-of-experts hybrids' experts: 2 of 8 routed, one shared
+    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48
+)
 
 
 def tiny_config(interval: int = 4, layers: int = 4, arch: str = "qwen35", vocab: int = VOCAB):
@@ -47,14 +54,9 @@ def tiny_config(interval: int = 4, layers: int = 4, arch: str = "qwen35", vocab:
         tie_word_embeddings=False,
     )
     if arch == "qwen3next":
-        return transformers.Qwen3NextConfig(
-            **common,
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
-            norm_topk_prob=True,
-        )
+        return transformers.Qwen3NextConfig(**common, **EXPERTS, norm_topk_prob=True)
+    if arch == "qwen35moe":
+        return transformers.Qwen3_5MoeTextConfig(**common, **EXPERTS)
     return transformers.Qwen3_5TextConfig(**common)
 
 
