@@ -76,11 +76,13 @@ class ExpertMatrices:
     def __init__(self, info: TensorInfo, backend: str):
         found = registry.find(backend, EXPERT_LINEAR, info.qtype)
         self.device_routed = found is not None and found[0] == backend
+        self.qtype = info.qtype
         self.kernel: Any = None
         if self.device_routed:
             self.kernel = found[1]
             self.weight = self.kernel.prepare(info)
             self.max_assignments = self.kernel.max_assignments
+            self.route = f"{backend}:{self.kernel.name}"
             return
         self.max_assignments = 0
         n, rows, cols = info.shape
@@ -89,6 +91,7 @@ class ExpertMatrices:
             for e in range(n)
         )
         self.experts = [Linear.of([expert], backend) for expert in slices]
+        self.route = f"{self.experts[0].route}:{self.experts[0].kernel.name} (one product per expert)"
 
     def gathered(self, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x [A or 1, cols] through experts [A] (ids on the device) -> [A, rows]; `device_routed` only."""
@@ -165,7 +168,7 @@ class MoEFFN:
         """A few tokens (decode): the chosen experts gathered on the device, one product per matrix."""
         t, k = chosen.shape
         experts = chosen.reshape(-1)
-        rows = x if t == 1 else x.repeat_interleave(k, dim=0)  # one token: one row for all its experts
+        rows = x if t == 1 else x[:, None].expand(t, k, -1).reshape(t * k, -1)  # one token: one row for all
         y = self._experts(rows, lambda matrices, h: matrices.gathered(h, experts))
         return (y.reshape(t, k, -1) * weights[..., None].to(y.dtype)).sum(1)
 
@@ -200,4 +203,15 @@ class RoutedFFNs:
 
     @property
     def graph_capturable(self) -> bool:
-        return all(layer.ffn.device_routed for layer in self.layers if isinstance(layer.ffn, MoEFFN))
+        return all(ffn.device_routed for ffn in self._expert_ffns())
+
+    def routes(self) -> dict[str, str]:
+        """As `DecoderModel.routes`, with the expert products' kernel per block format."""
+        found: dict[str, str] = super().routes()  # type: ignore[misc]
+        for ffn in self._expert_ffns():
+            for matrices in (*ffn.gate_up, ffn.down):
+                found.setdefault(f"expert_linear.{matrices.qtype.name}", matrices.route)
+        return found
+
+    def _expert_ffns(self) -> list[MoEFFN]:
+        return [layer.ffn for layer in self.layers if isinstance(layer.ffn, MoEFFN)]
