@@ -67,7 +67,7 @@ def tensor_shape(kind: str, shape: Qwen35Shape, vocab_size: int) -> tuple[int, .
             "ffn_gate_exps": (experts, ff, hidden),
             "ffn_up_exps": (experts, ff, hidden),
             "ffn_down_exps": (experts, hidden, ff),
-            "ffn_gate_inp_shexp": (hidden,),
+            "ffn_gate_inp_shexp": (1, hidden),  # as the converter writes it (llama.cpp reads it as 1-D)
             "ffn_gate_shexp": (shared, hidden),
             "ffn_up_shexp": (shared, hidden),
             "ffn_down_shexp": (hidden, shared),

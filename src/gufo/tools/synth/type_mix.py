@@ -96,8 +96,8 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
-# Kept as converted: 1-D (ssm_a, ssm_dt.bias, the shared expert's gate), a conv kernel or the expert
-# router, which llama-quantize skips by name.
+# Kept as converted: 1-D (ssm_a, ssm_dt.bias; the shared expert's gate [1, n] is 1-D to ggml), a conv
+# kernel or the expert router, which llama-quantize skips by name.
 _FLOAT_KINDS = frozenset({"ssm_a", "ssm_dt", "ssm_conv1d", "ffn_gate_inp", "ffn_gate_inp_shexp"})
 # llama.cpp's categories of the expert tensors (tensor_get_category: by substring of the name)
 _EXPERT_CATEGORY = {

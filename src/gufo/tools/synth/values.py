@@ -15,11 +15,12 @@ def float_values(kind: str, shape: tuple[int, ...], rng: np.random.Generator) ->
         # PyTorch's default Conv1d initialisation for one input channel per group: U(+-1/sqrt(kernel)).
         bound = 1.0 / np.sqrt(shape[-1])
         return rng.uniform(-bound, bound, size=shape).astype(np.float32)
-    if kind == "ffn_gate_inp":
-        # The expert router, which llama-quantize leaves float: the random matrices' deviation.
+    if kind in ("ffn_gate_inp", "ffn_gate_inp_shexp"):
+        # The expert router and the shared expert's gate row, which llama-quantize leaves float: the
+        # random matrices' deviation.
         return rng.normal(0.0, 0.02, size=shape).astype(np.float32)
     if len(shape) == 1:
-        # Norm weights (the converter's 1 + w with w initialised to 0), dt_bias (HF initialises ones) and
-        # the shared expert's gate: 1.0, so the random matrices alone set the scale.
+        # Norm weights (the converter's 1 + w with w initialised to 0) and dt_bias (HF initialises ones):
+        # 1.0, so the random matrices alone set the scale.
         return np.ones(shape, dtype=np.float32)
     return None
