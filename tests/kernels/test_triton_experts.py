@@ -15,12 +15,16 @@ from triton_interpreter import interpreter_tests, run_cases
 
 from gufo.formats import block_shape
 from gufo.gguf.model_file import TensorInfo
+from gufo.kernels import registry
+from gufo.kernels.catalog import register_all
+from gufo.kernels.contracts import EXPERT_LINEAR
 from gufo.kernels.linear_reference import ReferenceExpertLinear
 from gufo.options import KernelOptions
 
 pytest.importorskip("triton")
 
 from gufo.kernels.triton import experts  # noqa: E402  (needs triton)
+from gufo.kernels.triton.gemv_kernels import FORMATS  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 N_EXPERTS, ROWS = 5, 7  # 7 rows: every row tile has a tail
@@ -58,6 +62,7 @@ def check(qtype: gguf.GGMLQuantizationType, int8_min_weights: int, rel: float) -
     info = expert_tensor(qtype)
     kernel = experts.TritonExpertLinear(KernelOptions(int8_min_weights=int8_min_weights))
     weight, dense = kernel.prepare(info), ReferenceExpertLinear.prepare(info)
+    device = weight.matrices.planes[0].device
     gen = torch.Generator().manual_seed(0)
     chosen = torch.tensor(CHOSEN)
     one = torch.randn(1, info.shape[-1], generator=gen)
@@ -65,12 +70,12 @@ def check(qtype: gguf.GGMLQuantizationType, int8_min_weights: int, rel: float) -
     for x in (one, rows):
         want = ReferenceExpertLinear.gathered(x, dense, chosen)
         scale = ReferenceExpertLinear.gathered(x.abs(), dense.abs(), chosen)
-        close(kernel.gathered(x, weight, chosen), want, scale, rel)
+        close(kernel.gathered(x.to(device), weight, chosen.to(device)).cpu(), want, scale, rel)
     grouped = torch.randn(sum(COUNTS), info.shape[-1], generator=gen)
     want = ReferenceExpertLinear.grouped(grouped, dense, COUNTS)
     scale = ReferenceExpertLinear.grouped(grouped.abs(), dense.abs(), COUNTS)
     dense_rel = rel if qtype == Q.F32 else max(rel, FLOAT16_REL)
-    close(kernel.grouped(grouped, weight, COUNTS), want, scale, dense_rel)
+    close(kernel.grouped(grouped.to(device), weight, COUNTS).cpu(), want, scale, dense_rel)
 
 
 def interpreter_cases():
@@ -93,6 +98,40 @@ def test_int8_follows_one_experts_size():
     assert kernel._int8_limit(weight) == experts.NEVER_INT8
     kernel = experts.TritonExpertLinear(KernelOptions(int8_min_weights=limit - 1))
     assert kernel._int8_limit(weight) == 0
+
+
+@pytest.mark.parametrize("qtype", list(FORMATS), ids=lambda q: q.name)
+def test_registered_on_cuda_backend(qtype):
+    register_all("cuda")
+    route, kernel = registry.lookup("cuda", EXPERT_LINEAR, qtype)
+    assert route == "cuda" and isinstance(kernel, experts.TritonExpertLinear)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.F32], ids=lambda q: q.name)
+def test_gpu_products(qtype):
+    check(qtype, KernelOptions().int8_min_weights, FLOAT32_REL)
+
+
+@pytest.mark.gpu
+def test_gathered_products_replay_in_a_cuda_graph():
+    """No host read of the expert ids: a captured product replays for other ids written on the device."""
+    info = expert_tensor(Q.Q4_K)
+    kernel = experts.TritonExpertLinear(KernelOptions())
+    weight, dense = kernel.prepare(info), ReferenceExpertLinear.prepare(info)
+    x = torch.randn(len(CHOSEN), info.shape[-1], generator=torch.Generator().manual_seed(1))
+    ids = torch.tensor(CHOSEN, device="cuda")
+    x_gpu = x.cuda()
+    kernel.gathered(x_gpu, weight, ids)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernel.gathered(x_gpu, weight, ids)
+    for chosen in ([1, 2, 3, 4], [0, 0, 4, 2]):
+        ids.copy_(torch.tensor(chosen))
+        graph.replay()
+        want = ReferenceExpertLinear.gathered(x, dense, torch.tensor(chosen))
+        scale = ReferenceExpertLinear.gathered(x.abs(), dense.abs(), torch.tensor(chosen))
+        close(out.cpu(), want, scale, FLOAT32_REL)
 
 
 if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set before importing triton)
