@@ -79,6 +79,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/kernels/test_triton_attention.py::test_kernel_in_interpreter": ("system",),
     "tests/kernels/test_triton_elementwise.py::test_kernel_in_interpreter": ("system",),
     "tests/kernels/test_triton_gemv.py::test_kernel_in_interpreter": ("system",),
+    "tests/kernels/test_triton_experts.py::test_kernel_in_interpreter": ("system",),
     "tests/kernels/test_triton_gemv.py::test_int8_limit_not_a_whole_number_is_one_error_line": ("system",),
     "tests/kernels/test_triton_gemv.py::test_package_imports_without_triton": ("system",),
     "tests/models/": ("golden",),
@@ -110,7 +111,7 @@ LONG_GROUPS = (
     "test_triton_attention-1",  # 100 (its float16 cases: 153 with the float32 ones)
     "tests/parallel/test_tp_torchrun.py",  # 78
     "test_triton_attention-0",  # 80 (121 with the float32 ones)
-    "tests/models/test_converted_vs_transformers.py",  # 56
+    "tests/models/test_converted_vs_transformers.py",  # 56, before qwen35moe (~35 more: measure)
     "tests/server/test_determinism.py",  # 50
     "tests/quality/test_quality.py",  # 35
     "tests/engine/test_speculative.py",  # 26

@@ -62,6 +62,7 @@ class KernelOptions:
 # `gufo profile`'s stage of each registry op, by op name (a linear's adds its block format: linear.Q4_K)
 STAGE_OF_OP = {
     "linear": "linear",
+    "expert_linear": "experts",
     "rms_norm": "norm",
     "add_rms_norm": "norm",
     "rms_norm_rope": "norm_rope",

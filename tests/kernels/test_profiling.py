@@ -47,6 +47,26 @@ def test_a_linear_range_names_its_block_format_and_weight_bytes():
     assert KernelRange.parse(name) == KernelRange("linear.Q4_1", "cpu-int8-avx2", 4 * 16 + 4 * 2 * 4)
 
 
+def test_expert_products_run_in_their_stage_range_with_the_same_results():
+    from gguf import GGMLQuantizationType
+
+    from gufo.kernels.contracts import EXPERT_LINEAR
+
+    weight, chosen = torch.randn(3, 4, 8), torch.tensor([2, 0])
+    x, rows = torch.randn(1, 8), torch.randn(3, 8)
+    _, plain = registry.lookup("torch", EXPERT_LINEAR, GGMLQuantizationType.Q4_K)
+    with profiling.ranges(ProfileOptions()):
+        _, wrapped = registry.lookup("torch", EXPERT_LINEAR, GGMLQuantizationType.Q4_K)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        gathered, grouped = wrapped.gathered(x, weight, chosen), wrapped.grouped(rows, weight, [1, 0, 2])
+    names = [e.name() for e in prof.profiler.kineto_results.events()]
+    assert names.count(KernelRange("experts.Q4_K", plain.name, 0).name) == 2
+    assert torch.equal(gathered, plain.gathered(x, weight, chosen))
+    assert torch.equal(grouped, plain.grouped(rows, weight, [1, 0, 2]))
+    assert torch.allclose(gathered, torch.stack([weight[2] @ x[0], weight[0] @ x[0]]), atol=1e-5)
+    assert torch.allclose(grouped, torch.cat([rows[:1] @ weight[0].T, rows[1:] @ weight[2].T]), atol=1e-5)
+
+
 @dataclass
 class Weight:
     q: torch.Tensor

@@ -152,11 +152,20 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
-def convert(model: torch.nn.Module, folder: Path, *flags: str, gpt2_vocab: Path | None = None) -> Path:
+def convert(
+    model: torch.nn.Module,
+    folder: Path,
+    *flags: str,
+    gpt2_vocab: Path | None = None,
+    config: dict | None = None,
+) -> Path:
     """Save `model` with a tokenizer (sentencepiece, or GPT-2's BPE from `gpt2_vocab`) and convert it
-    to an F32 GGUF with the converter's `flags`."""
+    to an F32 GGUF with the converter's `flags`; `config` overrides entries of the saved config.json."""
     hf_dir, out = folder / "hf", folder / "model.gguf"
     model.save_pretrained(hf_dir)
+    if config:
+        saved = json.loads((hf_dir / "config.json").read_text())
+        (hf_dir / "config.json").write_text(json.dumps({**saved, **config}))
     if gpt2_vocab is None:
         write_tokenizer(hf_dir)
     else:

@@ -1,12 +1,12 @@
-"""A tiny random transformers Qwen3.5 (qwen35) or Qwen3-Next (qwen3next) written to GGUF with llama.cpp's
-converter layout.
+"""A tiny random transformers Qwen3.5 (qwen35), Qwen3-Next (qwen3next) or Qwen3.5-MoE (qwen35moe) written to
+GGUF with llama.cpp's converter layout.
 
 The weight transforms follow convert_hf_to_gguf.py (Qwen3NextModel, _LinearAttentionVReorderBase,
 Qwen3_5TextModel): A_log -> -exp(A_log), dt_bias -> ssm_dt.bias, conv1d squeezed to [channels, kernel],
 +1 on every RMSNorm weight except the gated norm. qwen35 value heads are reordered from grouped-by-key-
 head to tiled; qwen3next keeps them grouped, splits in_proj_qkvz per key head into attn_qkv + attn_gate,
-and writes the experts as 3-D [n_expert, rows, cols] gate/up/down tensors. Tensor names come from the
-gguf package's own name map.
+and writes the experts as 3-D [n_expert, rows, cols] gate/up/down tensors; qwen35moe has qwen35's mixers
+and those experts. Tensor names come from the gguf package's own name map.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ VOCAB = 128
 CONTEXT = 512
 
 
-ARCHITECTURES = {"qwen35": "Qwen3_5ForCausalLM", "qwen3next": "Qwen3NextForCausalLM"}
+ARCHITECTURES = {
+    "qwen35": "Qwen3_5ForCausalLM",
+    "qwen3next": "Qwen3NextForCausalLM",
+    "qwen35moe": "Qwen3_5MoeForCausalLM",
+}
+EXPERTS = dict(  # the mixture-of-experts hybrids' experts: 2 of 8 routed, one shared
+    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48
+)
 
 
 def tiny_config(interval: int = 4, layers: int = 4, arch: str = "qwen35", vocab: int = VOCAB):
@@ -47,19 +54,14 @@ def tiny_config(interval: int = 4, layers: int = 4, arch: str = "qwen35", vocab:
         tie_word_embeddings=False,
     )
     if arch == "qwen3next":
-        return transformers.Qwen3NextConfig(
-            **common,
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
-            norm_topk_prob=True,
-        )
+        return transformers.Qwen3NextConfig(**common, **EXPERTS, norm_topk_prob=True)
+    if arch == "qwen35moe":
+        return transformers.Qwen3_5MoeTextConfig(**common, **EXPERTS)
     return transformers.Qwen3_5TextConfig(**common)
 
 
 def gguf_arch(model) -> str:
-    return "qwen3next" if type(model).__name__ == ARCHITECTURES["qwen3next"] else "qwen35"
+    return next(arch for arch, name in ARCHITECTURES.items() if type(model).__name__ == name)
 
 
 def tiny_hf_model(
@@ -98,7 +100,7 @@ def _tiled(t: torch.Tensor, dim: int, key_heads: int, per_key: int, head_dim: in
 
 
 def _split_next(name: str, t: torch.Tensor, cfg) -> dict[str, torch.Tensor] | None:
-    """qwen3next tensors the converter splits: fused qkvz per key head, 3-D fused expert gate/up."""
+    """Tensors the converter splits: qwen3next's fused qkvz per key head, the 3-D fused expert gate/up."""
     if name.endswith("in_proj_qkvz.weight"):
         kh, kd = cfg.linear_num_key_heads, cfg.linear_key_head_dim
         per_key_v = cfg.linear_num_value_heads // kh * cfg.linear_value_head_dim
@@ -115,15 +117,15 @@ def _split_next(name: str, t: torch.Tensor, cfg) -> dict[str, torch.Tensor] | No
 
 def converted_tensors(model) -> dict[str, np.ndarray]:
     """GGUF name -> float32 array, as the converter writes them."""
-    cfg, next_ = model.config, gguf_arch(model) == "qwen3next"
-    arch = gguf.MODEL_ARCH.QWEN3NEXT if next_ else gguf.MODEL_ARCH.QWEN35
-    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    cfg, arch = model.config, gguf_arch(model)
+    next_ = arch == "qwen3next"
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
     kh, vh = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     kd, vd, per_key = cfg.linear_key_head_dim, cfg.linear_value_head_dim, vh // kh
     out = {}
     for name, tensor in model.state_dict().items():
         t = tensor.detach().float().clone()
-        if next_ and (split := _split_next(name, t, cfg)) is not None:
+        if arch != "qwen35" and (split := _split_next(name, t, cfg)) is not None:
             block = f"blk.{name.split('.')[2]}"
             out.update({f"{block}.{n}.weight": part.numpy() for n, part in split.items()})
             continue
@@ -158,9 +160,9 @@ def converted_tensors(model) -> dict[str, np.ndarray]:
 def write_gguf(
     model, path: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
 ) -> Path:
-    """Write `model` as a qwen35 / qwen3next GGUF with a toy SentencePiece-style vocabulary. With F16
-    matrices the model's matrices are first rounded to float16 in place, so both sides run the same
-    weights."""
+    """Write `model` as a qwen35 / qwen3next / qwen35moe GGUF with a toy SentencePiece-style vocabulary.
+    With F16 matrices the model's matrices are first rounded to float16 in place, so both sides run the
+    same weights."""
     cfg = model.config
     if matrix_type == gguf.GGMLQuantizationType.F16:
         with torch.no_grad():
@@ -170,7 +172,7 @@ def write_gguf(
     arch = gguf_arch(model)
     writer = gguf.GGUFWriter(str(path), arch)
     experts = {}
-    if arch == "qwen3next":
+    if arch != "qwen35":
         experts = {
             "expert_count": cfg.num_experts,
             "expert_used_count": cfg.num_experts_per_tok,
@@ -199,7 +201,7 @@ def write_gguf(
         writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-    if arch == "qwen35":
+    if arch != "qwen3next":
         writer.add_rope_dimension_sections([2, 1, 1, 0])
     writer.add_tokenizer_model("llama")
     tokens = ["<unk>", "<s>", "</s>", *[f"t{i}" for i in range(cfg.vocab_size - 3)]]

@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from converter_layout import converter_names, gguf_dims, kind_and_layer
 from gguf.quants import dequantize
 
 from gufo.cli.main import main
@@ -49,8 +50,7 @@ N_VOCAB = 49152
 
 
 def hf_gguf_dims(preset: str, n_layers: int) -> dict[str, tuple[int, ...]]:
-    """GGUF name -> dims (ne0 first) of transformers' Qwen3.5 (built on the meta device, no memory) named
-    by gguf-py's map for QWEN35, with the converter's renames: dt_bias -> ssm_dt.bias, conv1d squeezed."""
+    """The converter's dims of transformers' Qwen3.5 of `preset` (built on the meta device, no memory)."""
     import transformers
 
     hf = HF_CONFIGS[preset] | {"num_hidden_layers": n_layers}
@@ -65,30 +65,7 @@ def hf_gguf_dims(preset: str, n_layers: int) -> dict[str, tuple[int, ...]]:
     )
     with torch.device("meta"):
         model = transformers.Qwen3_5ForCausalLM(config)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, n_layers)
-    dims = {}
-    for name, param in model.named_parameters():  # a tied lm_head is not listed again
-        shape = tuple(param.shape)
-        if name.endswith(".dt_bias"):
-            name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
-        if "conv1d" in name:
-            shape = (shape[0], shape[-1])  # [channels, 1, kernel] squeezed
-        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        assert gguf_name is not None, name
-        dims[gguf_name] = tuple(reversed(shape))
-    return dims
-
-
-def converter_names(n_layers: int) -> set[str]:
-    """Every tensor name gguf-py declares for QWEN35, in each block."""
-    formats = [gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.QWEN35]]
-    names = {f.format(bid=i) for f in formats for i in range(n_layers)}
-    return {n + suffix for n in names for suffix in (".weight", ".bias", "")}
-
-
-def kind_and_layer(name: str) -> tuple[str, int]:
-    parts = name.split(".")
-    return (parts[2], int(parts[1])) if parts[0] == "blk" else (parts[0], -1)
+    return gguf_dims(model, gguf.MODEL_ARCH.QWEN35, n_layers)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +81,7 @@ def test_every_preset_plans_the_converter_names_and_hf_shapes(vocab, preset):
     plan = plan_synth(preset, find_preset("qwen35", preset).with_layers(LAYERS), find_mix("Q4_K_M"), vocab)
     planned = {t.name: tuple(reversed(t.shape)) for t in plan.tensors}
     assert planned == hf_gguf_dims(preset, LAYERS)
-    assert set(planned) <= converter_names(LAYERS)
+    assert set(planned) <= converter_names(gguf.MODEL_ARCH.QWEN35, LAYERS)
 
 
 def test_presets_have_the_hf_layer_counts():

@@ -17,7 +17,8 @@ from gufo.options import STAGE_OF_OP, ProfileOptions
 
 EPILOG = """\
 The workload is gufo bench's (same flags, same token ids, same warm-up); only the timed repetitions
-are tabulated, each split into stages named from the engine's ops: linear.<block format>, attention,
+are tabulated, each split into stages named from the engine's ops: linear.<block format>,
+experts.<block format> (mixture-of-experts products), attention,
 norm, norm_rope, rope, activation, conv, delta_rule, decode_layer (the fused CPU decode layer, one C
 call per layer), and per phase (prefill, decode): other (host time in a pass outside the kernels on
 the CPU; kernels outside the stages on a GPU), copy and host overhead (GPU: device idle in a pass), and

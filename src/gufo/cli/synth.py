@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "per-tensor type mix for --qtype, and a real vocabulary copied from another GGUF, so that both "
         "gufo and llama.cpp can load and benchmark it. It produces noise, not text. qwen35 is the dense "
         "Qwen3.5 hybrid (Gated DeltaNet layers, gated full attention every 4th layer), written as "
-        "`convert_hf_to_gguf.py --no-mtp` lays it out: without the multi-token-prediction block. The "
+        "`convert_hf_to_gguf.py --no-mtp` lays it out: without the multi-token-prediction block; qwen35moe "
+        "is its mixture-of-experts variant (routed experts plus a shared one in every FFN; preset tiny is "
+        "a small test shape, no real model). The "
         "file (or the parts of a split file, --split-max-size) is written in a temporary folder beside FILE "
         "and renamed when complete; progress goes to stderr when it is a terminal.",
     )

@@ -55,6 +55,28 @@ class LinearKernel(Kernel, Protocol):
         return False
 
 
+class ExpertLinearKernel(Kernel, Protocol):
+    """Products with one matrix per expert of a 3-D expert tensor [n_experts, rows, cols], the experts
+    chosen on the device: a decode step reads no routing value on the host (graph capturable)."""
+
+    # most assignments (rows of x) one `gathered` call takes
+    max_assignments: int = 16
+
+    def prepare(self, info: TensorInfo) -> Any:
+        """The 3-D expert tensor as the kernel reads it (made once, at load)."""
+        ...
+
+    def gathered(self, x: torch.Tensor, weight: Any, experts: torch.Tensor) -> torch.Tensor:
+        """experts [A] (int64, on the device) and x [A, cols] (row a for expert experts[a]) or [1, cols]
+        (one row for all) -> [A, rows]: row a is x[a] @ W[experts[a]]^T."""
+        ...
+
+    def grouped(self, x: torch.Tensor, weight: Any, counts: list[int]) -> torch.Tensor:
+        """x [sum(counts), cols] sorted by expert, counts[e] rows for expert e -> [sum(counts), rows]:
+        one product per expert with rows."""
+        ...
+
+
 class RmsNormKernel(Kernel, Protocol):
     def apply(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
@@ -243,6 +265,7 @@ class DecodeLayerKernel(Kernel, Protocol):
 
 
 LINEAR: Op[LinearKernel] = Op("linear")
+EXPERT_LINEAR: Op[ExpertLinearKernel] = Op("expert_linear")
 RMS_NORM: Op[RmsNormKernel] = Op("rms_norm")
 ADD_RMS_NORM: Op[AddRmsNormKernel] = Op("add_rms_norm")
 ROPE: Op[RopeKernel] = Op("rope")

@@ -9,7 +9,7 @@ import torch
 
 from gufo.formats import dequantize
 from gufo.gguf.model_file import TensorInfo
-from gufo.kernels.contracts import LINEAR, LinearKernel
+from gufo.kernels.contracts import EXPERT_LINEAR, LINEAR, ExpertLinearKernel, LinearKernel
 from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 
@@ -58,7 +58,29 @@ class DeviceDequantLinear(LinearKernel):
         return x @ dequantize(info.qtype, raw, info.shape[-1]).to(x.dtype).T
 
 
+class ReferenceExpertLinear(ExpertLinearKernel):
+    """Expert products on the 3-D expert tensor dequantized to float32 at load: the chosen experts'
+    matrices gathered by their ids on the device (index_select, then one batched product)."""
+
+    name = "torch-experts-f32"
+
+    @staticmethod
+    def prepare(info: TensorInfo) -> torch.Tensor:
+        return dequantize_tensor(info).reshape(info.shape)
+
+    @staticmethod
+    def gathered(x: torch.Tensor, weight: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        rows = x.expand(experts.shape[0], -1)
+        return torch.bmm(weight.index_select(0, experts), rows[:, :, None])[..., 0]
+
+    @staticmethod
+    def grouped(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        parts = [part @ weight[e].T for e, part in enumerate(x.split(counts)) if part.shape[0]]
+        return torch.cat(parts) if parts else x.new_empty(0, weight.shape[1])
+
+
 KERNELS = (
     Registration(REFERENCE_BACKEND, LINEAR, ReferenceLinear()),
+    Registration(REFERENCE_BACKEND, EXPERT_LINEAR, ReferenceExpertLinear()),
     Registration("cuda", LINEAR, DeviceDequantLinear()),
 )

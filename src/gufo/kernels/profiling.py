@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from gufo.kernels.contracts import DECODE_LAYER, LINEAR, Kernel, LayerSpec, Op
+from gufo.kernels.contracts import DECODE_LAYER, EXPERT_LINEAR, LINEAR, Kernel, LayerSpec, Op
 from gufo.options import STAGE_OF_OP, ProfileOptions
 
 # the engine's ranges around its passes (Engine.prefill; Engine.decode and decode_tokens)
@@ -100,12 +100,13 @@ def layer_bytes(spec: LayerSpec) -> int:
 
 def stage_of(op: Op[Any], qtype: Any) -> str:
     stage = STAGE_OF_OP[op.name]
-    return f"{stage}.{qtype.name}" if op is LINEAR and qtype is not None else stage
+    return f"{stage}.{qtype.name}" if op in (LINEAR, EXPERT_LINEAR) and qtype is not None else stage
 
 
 def ranged(kernel: Kernel, op: Op[Any], qtype: Any, options: ProfileOptions) -> Kernel:
-    """A copy of `kernel` (same class, so checks of its type still hold) whose `apply` runs inside its
-    range; the decode layer's `prepare` also notes the bytes of each layer of the plans it makes."""
+    """A copy of `kernel` (same class, so checks of its type still hold) whose calls (`apply`; an expert
+    kernel's `gathered` and `grouped`) run inside its range; the decode layer's `prepare` also notes the
+    bytes of each layer of the plans it makes."""
     stage = stage_of(op, qtype)
     slow = options.slow_seconds if options.slow_stage in (stage, stage.split(".")[0]) else 0.0
     wrapped = copy.copy(kernel)
@@ -116,15 +117,22 @@ def ranged(kernel: Kernel, op: Op[Any], qtype: Any, options: ProfileOptions) -> 
         object.__setattr__(wrapped, "prepare", prepare)
     else:
         name_of = _fixed_name(KernelRange(stage, kernel.name, 0).name)
-    apply = kernel.apply
 
-    def apply_in_range(*args: Any, **kwargs: Any) -> Any:
-        with record_function(name_of(*args)):
-            if slow:
-                time.sleep(slow)
-            return apply(*args, **kwargs)
+    def in_range(call: Callable[..., Any]) -> Callable[..., Any]:
+        def call_in_range(*args: Any, **kwargs: Any) -> Any:
+            with record_function(name_of(*args)):
+                if slow:
+                    time.sleep(slow)
+                return call(*args, **kwargs)
 
-    object.__setattr__(wrapped, "apply", apply_in_range)
+        return call_in_range
+
+    if op is EXPERT_LINEAR:
+        experts: Any = kernel
+        object.__setattr__(wrapped, "gathered", in_range(experts.gathered))
+        object.__setattr__(wrapped, "grouped", in_range(experts.grouped))
+    else:
+        object.__setattr__(wrapped, "apply", in_range(kernel.apply))
     return wrapped
 
 

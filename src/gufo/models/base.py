@@ -64,7 +64,7 @@ class ModelConfig:
             architecture=mf.architecture,
             n_layers=int(mf.arch_key("block_count")),
             n_embd=n_embd,
-            n_ff=int(mf.arch_key("feed_forward_length")),
+            n_ff=int(mf.arch_key("feed_forward_length", 0)),  # optional in llama.cpp (MoE files lack it)
             n_heads=n_heads,
             n_kv_heads=int(n_kv),
             key_dim=int(mf.arch_key("attention.key_length", head_dim)),

@@ -2,20 +2,28 @@
 SwiGLU experts weighted by their (optionally renormalised) probabilities, and an optional shared expert
 scaled per token by sigmoid(ffn_gate_inp_shexp . x).
 
-Expert weights are 3-D GGUF tensors ([n_expert, rows, cols] in torch order); each expert is its slice,
-kept in the block format and kernel the backend picks for any other matrix.
+Expert weights are 3-D GGUF tensors ([n_expert, rows, cols] in torch order). Where the backend has its
+own "expert_linear" kernel for their block format, routing stays on the device: a decode step gathers
+the chosen experts by their device-side ids (no host read, so it is captured in a CUDA graph), and
+prefill sorts the token-expert assignments by expert and runs one product per expert over its rows.
+Elsewhere each expert is its own `Linear` (the backend's kernel for any matrix) and every pass groups
+the assignments the same way, reading the per-expert counts on the host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile, TensorInfo
+from gufo.kernels import registry
+from gufo.kernels.contracts import EXPERT_LINEAR, GATED_ACT
 from gufo.models.base import GatedFFN
-from gufo.models.layers import FusedLinear, Linear
+from gufo.models.layers import Linear
 
 
 @dataclass(frozen=True)
@@ -34,17 +42,23 @@ class MoEShape:
         return cls(n, k, int(mf.arch_key("expert_feed_forward_length")), norm)
 
 
-def expert_slices(mf: ModelFile, name: str, rows: int, cols: int, n_experts: int) -> list[TensorInfo]:
-    """Per-expert views of a 3-D expert tensor (no copy), checked to be [n_experts, rows, cols]."""
+def expert_tensor(mf: ModelFile, name: str, rows: int, cols: int, n_experts: int) -> TensorInfo:
+    """A 3-D expert tensor, checked to be [n_experts, rows, cols]."""
     info = mf.tensor(name)
     if tuple(info.shape) != (n_experts, rows, cols):
         raise BadInputError(
             f"{mf.label}: tensor {name} has shape {list(info.shape)}, expected {[n_experts, rows, cols]}"
         )
-    return [
-        TensorInfo(f"{name}[{e}]", info.qtype, (rows, cols), -1, info.data[e].nbytes, info.data[e])
-        for e in range(n_experts)
-    ]
+    return info
+
+
+def stacked_experts(first: TensorInfo, second: TensorInfo) -> TensorInfo:
+    """Two expert tensors of one block format as one, each expert's rows of `first` then of `second`
+    (separate gate and up tensors as the fused gate_up one)."""
+    data = np.concatenate([first.data, second.data], axis=1)
+    n, rows, cols = first.shape
+    shape = (n, rows + second.shape[1], cols)
+    return TensorInfo(f"{first.name}+{second.name}", first.qtype, shape, -1, data.nbytes, data)
 
 
 def as_matrix(mf: ModelFile, name: str, cols: int) -> TensorInfo:
@@ -53,6 +67,42 @@ def as_matrix(mf: ModelFile, name: str, cols: int) -> TensorInfo:
     if info.n_elements != cols or info.shape[-1] != cols:
         raise BadInputError(f"{mf.label}: tensor {name} has shape {list(info.shape)}, expected [{cols}]")
     return TensorInfo(info.name, info.qtype, (1, cols), info.offset, info.n_bytes, info.data.reshape(1, -1))
+
+
+class ExpertMatrices:
+    """The products of one 3-D expert tensor: by the backend's own expert kernel (`device_routed`),
+    else by one `Linear` per expert (views of the tensor's slices, no copy)."""
+
+    def __init__(self, info: TensorInfo, backend: str):
+        found = registry.find(backend, EXPERT_LINEAR, info.qtype)
+        self.device_routed = found is not None and found[0] == backend
+        self.qtype = info.qtype
+        self.kernel: Any = None
+        if self.device_routed:
+            self.kernel = found[1]
+            self.weight = self.kernel.prepare(info)
+            self.max_assignments = self.kernel.max_assignments
+            self.route = f"{backend}:{self.kernel.name}"
+            return
+        self.max_assignments = 0
+        n, rows, cols = info.shape
+        slices = (
+            TensorInfo(f"{info.name}[{e}]", info.qtype, (rows, cols), -1, info.data[e].nbytes, info.data[e])
+            for e in range(n)
+        )
+        self.experts = [Linear.of([expert], backend) for expert in slices]
+        self.route = f"{self.experts[0].route}:{self.experts[0].kernel.name} (one product per expert)"
+
+    def gathered(self, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x [A or 1, cols] through experts [A] (ids on the device) -> [A, rows]; `device_routed` only."""
+        return self.kernel.gathered(x, self.weight, experts)
+
+    def grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """x [sum(counts), cols] sorted by expert, counts[e] rows for expert e -> [sum(counts), rows]."""
+        if self.device_routed:
+            return self.kernel.grouped(x, self.weight, counts)
+        parts = [self.experts[e](part) for e, part in enumerate(x.split(counts)) if part.shape[0]]
+        return torch.cat(parts)
 
 
 class MoEFFN:
@@ -68,19 +118,28 @@ class MoEFFN:
         ff, n = shape.expert_ff, shape.n_experts
         fused = f"{prefix}.ffn_gate_up_exps.weight"  # the converter's --fuse-gate-up-exps: gate rows, then up
         if fused in mf.tensors:
-            slices = expert_slices(mf, fused, 2 * ff, n_embd, n)
-            gate_ups = [FusedLinear.stacked(info, [ff, ff], backend) for info in slices]
+            parts = [expert_tensor(mf, fused, 2 * ff, n_embd, n)]
         else:
-            gates = expert_slices(mf, f"{prefix}.ffn_gate_exps.weight", ff, n_embd, n)
-            ups = expert_slices(mf, f"{prefix}.ffn_up_exps.weight", ff, n_embd, n)
-            gate_ups = [FusedLinear.of([g, u], backend) for g, u in zip(gates, ups, strict=True)]
-        downs = expert_slices(mf, f"{prefix}.ffn_down_exps.weight", n_embd, ff, n)
-        self.experts = [GatedFFN.of(gu, d, backend, "silu") for gu, d in zip(gate_ups, downs, strict=True)]
+            gate = expert_tensor(mf, f"{prefix}.ffn_gate_exps.weight", ff, n_embd, n)
+            up = expert_tensor(mf, f"{prefix}.ffn_up_exps.weight", ff, n_embd, n)
+            parts = [stacked_experts(gate, up)] if gate.qtype == up.qtype else [gate, up]
+        # one product for each expert's gate and up rows where they share a block format
+        self.gate_up = [ExpertMatrices(info, backend) for info in parts]
+        down = expert_tensor(mf, f"{prefix}.ffn_down_exps.weight", n_embd, ff, n)
+        self.down = ExpertMatrices(down, backend)
+        # most token-expert assignments a pass gathers on the device (0: every pass groups them)
+        self.max_gathered = min(m.max_assignments for m in (*self.gate_up, self.down))
+        self.activation = registry.lookup(backend, GATED_ACT)[1]
         self.shared: GatedFFN | None = None
         if f"{prefix}.ffn_up_shexp.weight" in mf.tensors:
             self.shared = GatedFFN(mf, prefix, backend, "silu", suffix="_shexp")
-            gate = as_matrix(mf, f"{prefix}.ffn_gate_inp_shexp.weight", n_embd)
-            self.shared_gate = Linear.of([gate], backend)
+            gate_inp = as_matrix(mf, f"{prefix}.ffn_gate_inp_shexp.weight", n_embd)
+            self.shared_gate = Linear.of([gate_inp], backend)
+
+    @property
+    def device_routed(self) -> bool:
+        """Whether a decode step reads no routing value on the host (CUDA graph capture)."""
+        return self.max_gathered >= self.shape.n_used
 
     def takes_int8(self, rows: int) -> bool:
         """The router reads float rows."""
@@ -91,12 +150,68 @@ class MoEFFN:
         weights, chosen = probs.topk(self.shape.n_used, dim=-1)
         if self.shape.norm_top_k:
             weights = weights / weights.sum(-1, keepdim=True)
-        out = torch.zeros_like(x)
-        # only the experts some token chose run, each over its tokens (a host sync: no graph capture)
-        for e in chosen.unique().tolist():
-            tokens, rank = (chosen == e).nonzero(as_tuple=True)
-            y = self.experts[e](x[tokens]) * weights[tokens, rank, None].to(x.dtype)
-            out.index_add_(0, tokens, y)
+        if chosen.numel() <= self.max_gathered:
+            out = self._gathered(x, chosen, weights)
+        else:
+            out = self._grouped(x, chosen, weights)
         if self.shared is not None:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
         return out
+
+    def _experts(self, rows: torch.Tensor, product: Any) -> torch.Tensor:
+        ff = self.shape.expert_ff
+        outputs = [product(matrices, rows) for matrices in self.gate_up]
+        gate, up = (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)).split([ff, ff], dim=-1)
+        return product(self.down, self.activation.apply(gate.contiguous(), up.contiguous(), "silu"))
+
+    def _gathered(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """A few tokens (decode): the chosen experts gathered on the device, one product per matrix."""
+        t, k = chosen.shape
+        experts = chosen.reshape(-1)
+        rows = x if t == 1 else x[:, None].expand(t, k, -1).reshape(t * k, -1)  # one token: one row for all
+        y = self._experts(rows, lambda matrices, h: matrices.gathered(h, experts))
+        return (y.reshape(t, k, -1) * weights[..., None].to(y.dtype)).sum(1)
+
+    def _grouped(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The token-expert assignments sorted by expert, one product per expert over its rows (the
+        per-expert counts are read on the host once)."""
+        experts = chosen.reshape(-1)
+        order = experts.argsort(stable=True)
+        counts = torch.bincount(experts, minlength=self.shape.n_experts).tolist()
+        tokens = order // self.shape.n_used
+        y = self._experts(x[tokens], lambda matrices, h: matrices.grouped(h, counts))
+        y = y * weights.reshape(-1)[order, None].to(y.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+
+
+class RoutedFFNs:
+    """Mixin of a hybrid Qwen model (qwen35's `feed_forward` hook): a block with `ffn_gate_inp` is a
+    mixture of experts, one without it the dense SwiGLU; CUDA graphs capture the decode step where every
+    expert block routes on the device."""
+
+    layers: list[Any]
+    every_block_routed = False  # a block without a router is refused (required tensor) instead of dense
+
+    def __init__(self, mf: ModelFile, backend: str):
+        self.moe_shape = MoEShape.from_file(mf)  # read first: the base constructor builds the blocks
+        super().__init__(mf, backend)  # type: ignore[call-arg]
+
+    def feed_forward(self, mf: ModelFile, prefix: str, backend: str) -> MoEFFN | None:
+        if f"{prefix}.ffn_gate_inp.weight" not in mf.tensors and not self.every_block_routed:
+            return None
+        return MoEFFN(mf, prefix, self.config.n_embd, self.moe_shape, backend)  # type: ignore[attr-defined]
+
+    @property
+    def graph_capturable(self) -> bool:
+        return all(ffn.device_routed for ffn in self._expert_ffns())
+
+    def routes(self) -> dict[str, str]:
+        """As `DecoderModel.routes`, with the expert products' kernel per block format."""
+        found: dict[str, str] = super().routes()  # type: ignore[misc]
+        for ffn in self._expert_ffns():
+            for matrices in (*ffn.gate_up, ffn.down):
+                found.setdefault(f"expert_linear.{matrices.qtype.name}", matrices.route)
+        return found
+
+    def _expert_ffns(self) -> list[MoEFFN]:
+        return [layer.ffn for layer in self.layers if isinstance(layer.ffn, MoEFFN)]

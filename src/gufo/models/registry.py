@@ -10,7 +10,7 @@ from gufo.errors import BadInputError
 from gufo.formats import unsupported_reason
 from gufo.gguf.model_file import ModelFile
 
-ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3", "qwen35", "qwen3next")
+ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3", "qwen35", "qwen3next", "qwen35moe")
 
 # Metadata (after `<architecture>.`) that changes the math where llama.cpp's loader reads it. A model
 # reads the ones it implements while it is built; any other one present in a file is refused by name

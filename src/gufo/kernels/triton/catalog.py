@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from gufo.kernels.registry import Registration
-from gufo.kernels.triton import attention, elementwise, gemv
+from gufo.kernels.triton import attention, elementwise, experts, gemv
 from gufo.kernels.triton.dependent_launch import DependentLaunch
 from gufo.options import KernelOptions
 
 
 def registrations(options: KernelOptions) -> tuple[Registration, ...]:
     launch = DependentLaunch(options.dependent_launch)
-    return gemv.registrations(options) + attention.registrations(launch) + elementwise.registrations(launch)
+    return (
+        gemv.registrations(options)
+        + experts.registrations(options)
+        + attention.registrations(launch)
+        + elementwise.registrations(launch)
+    )

@@ -12,14 +12,12 @@ Differences from qwen35 in llama.cpp's converter layout:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.models.archs.qwen35 import DeltaNetShape, GatedDeltaNet, Qwen35Model
-from gufo.models.moe import MoEFFN, MoEShape
+from gufo.models.moe import RoutedFFNs
 from gufo.models.registry import register_architecture
 
 
@@ -46,16 +44,5 @@ class Qwen3NextDeltaNet(GatedDeltaNet):
 
 
 @register_architecture("qwen3next")
-class Qwen3NextModel(Qwen35Model):
+class Qwen3NextModel(RoutedFFNs, Qwen35Model):
     delta_net = Qwen3NextDeltaNet
-    # routing reads the chosen experts back to the host, which a captured CUDA graph cannot do
-    graph_capturable = False
-
-    def __init__(self, mf: ModelFile, backend: str):
-        self.moe_shape = MoEShape.from_file(mf)  # read first: the base constructor builds the blocks
-        super().__init__(mf, backend)
-
-    def feed_forward(self, mf: ModelFile, prefix: str, backend: str) -> Any:
-        if f"{prefix}.ffn_gate_inp.weight" not in mf.tensors:
-            return None
-        return MoEFFN(mf, prefix, self.config.n_embd, self.moe_shape, backend)

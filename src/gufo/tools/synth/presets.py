@@ -20,6 +20,11 @@ class _Layered:
     def n_gqa(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def n_experts(self) -> int:
+        """Routed experts per FFN (0: a dense FFN)."""
+        return 0
+
     def with_layers(self, n_layers: int) -> Self:
         return replace(self, num_hidden_layers=n_layers)
 
@@ -68,6 +73,22 @@ class Qwen35Shape(_Layered):
         return (layer + 1) % self.full_attention_interval != 0
 
 
+@dataclass(frozen=True)
+class Qwen35MoeShape(Qwen35Shape):
+    """A Qwen3.5 mixture-of-experts model (HF qwen3_5_moe_text config fields): qwen35's hybrid layers,
+    each FFN `num_experts` routed experts (`num_experts_per_tok` per token) plus one shared expert.
+    `intermediate_size` is 0: the config has no dense FFN width (the converter writes none)."""
+
+    num_experts: int = 256
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 512
+    shared_expert_intermediate_size: int = 512
+
+    @property
+    def n_experts(self) -> int:
+        return self.num_experts
+
+
 ModelShape = Qwen3Shape | Qwen35Shape
 
 
@@ -89,7 +110,35 @@ QWEN35_PRESETS: dict[str, Qwen35Shape] = {
     "27b": Qwen35Shape(5120, 64, 17408, 24, 4, linear_num_value_heads=48, tie_word_embeddings=False),
 }
 
-PRESETS: dict[str, dict[str, ModelShape]] = {"qwen3": QWEN3_PRESETS, "qwen35": QWEN35_PRESETS}
+# Qwen/Qwen3.5-35B-A3B config.json text_config (Qwen3.6-35B-A3B has the same shape), without the MTP
+# layer as above; "tiny" is no real model: a small shape whose every matrix row is a whole number of
+# 256-wide blocks, for tests (16 experts: llama-quantize's rules for 8-expert models stay out of play).
+QWEN35MOE_PRESETS: dict[str, Qwen35MoeShape] = {
+    "35b-a3b": Qwen35MoeShape(2048, 40, 0, 16, 2, linear_num_value_heads=32, tie_word_embeddings=False),
+    "tiny": Qwen35MoeShape(
+        256,
+        4,
+        0,
+        4,
+        2,
+        linear_num_value_heads=4,
+        tie_word_embeddings=False,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        num_experts=16,
+        num_experts_per_tok=4,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+    ),
+}
+
+PRESETS: dict[str, dict[str, ModelShape]] = {
+    "qwen3": QWEN3_PRESETS,
+    "qwen35": QWEN35_PRESETS,
+    "qwen35moe": QWEN35MOE_PRESETS,
+}
 
 
 def find_preset(arch: str, preset: str) -> ModelShape:

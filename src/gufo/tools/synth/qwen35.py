@@ -1,17 +1,21 @@
-"""The qwen35 (dense Qwen3.5) file layout of `gufo synth`, as llama.cpp's converter writes it.
+"""The qwen35 (dense Qwen3.5) and qwen35moe (Qwen3.5 MoE) file layouts of `gufo synth`, as llama.cpp's
+converter writes them.
 
 Layer i is Gated DeltaNet when (i + 1) % full_attention_interval != 0, else gated full attention whose
 `attn_q` rows hold query and gate. The converter's `--no-mtp` layout: no multi-token-prediction block.
+qwen35moe's FFN is the router `ffn_gate_inp`, the 3-D routed experts (gate, up and down apart, as the
+converter writes them without --fuse-gate-up-exps) and the shared expert with its 1-D gate.
 """
 
 from __future__ import annotations
 
 from gufo.gguf.model_file import ModelFile
-from gufo.tools.synth.presets import Qwen35Shape
+from gufo.tools.synth.presets import Qwen35MoeShape, Qwen35Shape
 from gufo.tools.synth.type_mix import QuantMix
 from gufo.tools.synth.writer import SynthPlan, matrix_shape, plan_tensors, transformer_hparams
 
 ARCH = "qwen35"
+MOE_ARCH = "qwen35moe"
 ATTENTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
 DELTANET_KINDS = (
     "attn_qkv",
@@ -25,6 +29,17 @@ DELTANET_KINDS = (
     "ssm_out",
 )
 FFN_KINDS = ("post_attention_norm", "ffn_gate", "ffn_up", "ffn_down")
+MOE_FFN_KINDS = (
+    "post_attention_norm",
+    "ffn_gate_inp",
+    "ffn_gate_exps",
+    "ffn_up_exps",
+    "ffn_down_exps",
+    "ffn_gate_inp_shexp",
+    "ffn_gate_shexp",
+    "ffn_up_shexp",
+    "ffn_down_shexp",
+)
 
 
 def tensor_shape(kind: str, shape: Qwen35Shape, vocab_size: int) -> tuple[int, ...]:
@@ -45,17 +60,43 @@ def tensor_shape(kind: str, shape: Qwen35Shape, vocab_size: int) -> tuple[int, .
         "ssm_norm": (s.linear_value_head_dim,),
         "ssm_out": (hidden, value_width),
     }
+    if isinstance(s, Qwen35MoeShape):
+        experts, ff, shared = s.num_experts, s.moe_intermediate_size, s.shared_expert_intermediate_size
+        own |= {
+            "ffn_gate_inp": (experts, hidden),
+            "ffn_gate_exps": (experts, ff, hidden),
+            "ffn_up_exps": (experts, ff, hidden),
+            "ffn_down_exps": (experts, hidden, ff),
+            "ffn_gate_inp_shexp": (1, hidden),  # as the converter writes it (llama.cpp reads it as 1-D)
+            "ffn_gate_shexp": (shared, hidden),
+            "ffn_up_shexp": (shared, hidden),
+            "ffn_down_shexp": (hidden, shared),
+        }
     return own[kind] if kind in own else matrix_shape(kind, shape, vocab_size)
 
 
 def plan_qwen35(preset: str, shape: Qwen35Shape, mix: QuantMix, vocab: ModelFile) -> SynthPlan:
     """Every tensor of the file: name, shape and llama-quantize's type for `mix`."""
+    if isinstance(shape, Qwen35MoeShape):
+        return _plan(preset, shape, mix, vocab, MOE_FFN_KINDS, MOE_ARCH, "Qwen3.5-MoE")
+    return _plan(preset, shape, mix, vocab, FFN_KINDS, ARCH, "Qwen3.5")
+
+
+def _plan(
+    preset: str,
+    shape: Qwen35Shape,
+    mix: QuantMix,
+    vocab: ModelFile,
+    ffn_kinds: tuple[str, ...],
+    arch: str,
+    family: str,
+) -> SynthPlan:
     entries = [("token_embd", -1), ("output_norm", -1)]
     if not shape.tie_word_embeddings:
         entries.append(("output", -1))
     for layer in range(shape.num_hidden_layers):
         mixer = DELTANET_KINDS if shape.is_recurrent(layer) else ATTENTION_KINDS
-        entries += [(kind, layer) for kind in ("attn_norm", *mixer, *FFN_KINDS)]
+        entries += [(kind, layer) for kind in ("attn_norm", *mixer, *ffn_kinds)]
     tensors = plan_tensors(entries, lambda kind, n: tensor_shape(kind, shape, n), shape, mix, vocab)
     s = shape
     hparams = transformer_hparams(shape) | {
@@ -69,4 +110,12 @@ def plan_qwen35(preset: str, shape: Qwen35Shape, mix: QuantMix, vocab: ModelFile
         # Text positions rotate every M-RoPE section alike; llama.cpp requires the key (4 entries).
         "rope.dimension_sections": (*s.mrope_section, 0),
     }
-    return SynthPlan(preset, shape, mix, vocab, tensors, ARCH, "Qwen3.5", hparams)
+    if isinstance(s, Qwen35MoeShape):
+        del hparams["feed_forward_length"]  # the config has no intermediate_size: the converter writes none
+        hparams |= {
+            "expert_count": s.num_experts,
+            "expert_used_count": s.num_experts_per_tok,
+            "expert_feed_forward_length": s.moe_intermediate_size,
+            "expert_shared_feed_forward_length": s.shared_expert_intermediate_size,
+        }
+    return SynthPlan(preset, shape, mix, vocab, tensors, arch, family, hparams)

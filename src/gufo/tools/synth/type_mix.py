@@ -1,8 +1,11 @@
-"""Per-tensor types of a llama-quantize preset ("Q4_K_M", ...) for a dense Qwen3 or Qwen3.5 model.
+"""Per-tensor types of a llama-quantize preset ("Q4_K_M", ...) for a Qwen3, Qwen3.5 or Qwen3.5-MoE model.
 
 The rules restate llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp) for the cases these
-models reach: no experts, not Falcon, never llama.cpp's 70B model type, and rows whose width is a
-multiple of 256 (so no block-size fallback). An importance matrix is assumed exactly for the mixes
+models reach: never exactly 8 experts (llama.cpp's rules for those), not Falcon, never llama.cpp's 70B
+model type, and rows whose width is a multiple of 256 (so no block-size fallback). Expert tensors fall
+in llama.cpp's categories by name: ffn_down_exps and ffn_down_shexp are ffn_down, and so on; with
+experts it reads the layer from the tensor's name, which is the index used here too. The router
+`ffn_gate_inp` is never quantized. An importance matrix is assumed exactly for the mixes
 llama-quantize refuses to make without one (those whose tensors get IQ1/IQ2/IQ3_XXS types: `imatrix`),
 as the published files of those types are made; it changes only IQ3_XXS's attn_v and ffn_down here.
 llama-quantize visits the tensors ordered by layer, so its attn_v / ffn_down counters equal the layer
@@ -100,8 +103,13 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
-# Kept as converted: 1-D (ssm_a, ssm_dt.bias) or a conv kernel llama-quantize skips by name.
-_FLOAT_KINDS = frozenset({"ssm_a", "ssm_dt", "ssm_conv1d"})
+# Kept as converted: 1-D (ssm_a, ssm_dt.bias; the shared expert's gate [1, n] is 1-D to ggml), a conv
+# kernel or the expert router, which llama-quantize skips by name.
+_FLOAT_KINDS = frozenset({"ssm_a", "ssm_dt", "ssm_conv1d", "ffn_gate_inp", "ffn_gate_inp_shexp"})
+# llama.cpp's categories of the expert tensors (tensor_get_category: by substring of the name)
+_EXPERT_CATEGORY = {
+    f"ffn_{part}_{suffix}": f"ffn_{part}" for part in ("gate", "up", "down") for suffix in ("exps", "shexp")
+}
 # llama.cpp's attn_v-like tensors: they share the attn_v rules and counter.
 _ATTN_V_KINDS = frozenset({"attn_v", "attn_qkv"})
 
@@ -112,6 +120,7 @@ def tensor_type(mix: QuantMix, kind: str, layer: int, shape: ModelShape) -> GGML
         return Q.F32  # 1-D tensors and conv kernels are never quantized
     if mix.base == Q.F16:
         return Q.F16  # a float target type turns every rule off
+    kind = _EXPERT_CATEGORY.get(kind, kind)
     if kind == "output" or (kind == "token_embd" and shape.tie_word_embeddings):
         # A tied embedding is also the output matrix, so it gets the output's type.
         if mix.name in _LOW_BIT or mix.name == "IQ3_XXS":
@@ -139,7 +148,7 @@ def _token_embd_type(mix: QuantMix) -> GGMLQuantizationType:
 def _low_bit_type(mix: QuantMix, kind: str, layer: int, shape: ModelShape) -> GGMLQuantizationType:
     upgrade = _LOW_BIT_UPGRADE.get(mix.name, Q.Q2_K)
     if kind in _ATTN_V_KINDS:
-        return Q.Q4_K if shape.n_gqa >= 4 else upgrade
+        return Q.Q4_K if shape.n_gqa >= 4 or shape.n_experts >= 4 else upgrade
     if kind == "ffn_down":
         return upgrade if layer < shape.num_hidden_layers // 8 else mix.base
     if kind == "attn_output":

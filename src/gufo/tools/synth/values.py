@@ -1,4 +1,5 @@
-"""Values of the tensors `gufo synth` keeps in float32: norm weights and the DeltaNet decay and conv."""
+"""Values of the tensors `gufo synth` keeps in float32: norm weights, the DeltaNet decay and conv, and
+the expert router."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ def float_values(kind: str, shape: tuple[int, ...], rng: np.random.Generator) ->
         # PyTorch's default Conv1d initialisation for one input channel per group: U(+-1/sqrt(kernel)).
         bound = 1.0 / np.sqrt(shape[-1])
         return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+    if kind in ("ffn_gate_inp", "ffn_gate_inp_shexp"):
+        # The expert router and the shared expert's gate row, which llama-quantize leaves float: the
+        # random matrices' deviation.
+        return rng.normal(0.0, 0.02, size=shape).astype(np.float32)
     if len(shape) == 1:
         # Norm weights (the converter's 1 + w with w initialised to 0) and dt_bias (HF initialises ones):
         # 1.0, so the random matrices alone set the scale.

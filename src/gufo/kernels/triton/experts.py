@@ -1,0 +1,81 @@
+"""Expert products on the GPU ("expert_linear" on the "cuda" backend): the 3-D expert tensor uploaded
+once as one [n_experts * rows, cols] weight in field planes (planes.py), each expert a row range of it.
+
+  - `gathered` (decode): the chosen experts' rows copied out of the planes by their device-side ids
+    (index_select), then one skinny product over them: no routing value reaches the host, so the step
+    is captured in a CUDA graph. With one row per expert (the down projection) the product computes
+    every row against every chosen expert and keeps the diagonal blocks: a few times the arithmetic of
+    a memory-bound product, the weights read once.
+  - `grouped` (prefill): one product per expert over the rows routed to it (TritonLinear's route).
+
+Both decide int8 activations by one expert's matrix, so decode and prefill multiply the same values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gufo.gguf.model_file import TensorInfo
+from gufo.kernels.contracts import EXPERT_LINEAR, ExpertLinearKernel
+from gufo.kernels.registry import Registration
+from gufo.kernels.triton.gemv import TritonLinear
+from gufo.kernels.triton.gemv_kernels import FORMATS
+from gufo.kernels.triton.launch import MAX_BLOCK_M, gemv, runs_on_int8
+from gufo.kernels.triton.planes import TritonWeight, upload
+from gufo.options import KernelOptions
+
+NEVER_INT8 = 2**62  # an int8 limit no matrix reaches
+
+
+@dataclass(frozen=True)
+class ExpertWeight:
+    matrices: TritonWeight  # [n_experts * rows, cols]
+    n_experts: int
+    rows: int
+
+    def expert(self, e: int) -> TritonWeight:
+        """Expert e's matrix: row views of the planes (no copy)."""
+        r, w = self.rows, self.matrices
+        return TritonWeight(w.qtype, (r, w.shape[1]), tuple(p[e * r : (e + 1) * r] for p in w.planes))
+
+
+class TritonExpertLinear(ExpertLinearKernel):
+    name = "triton-experts"
+    max_assignments = MAX_BLOCK_M
+
+    def __init__(self, options: KernelOptions) -> None:
+        self.linear = TritonLinear(options)
+
+    @staticmethod
+    def prepare(info: TensorInfo, device: torch.device | None = None) -> ExpertWeight:
+        n_experts, rows, _ = info.shape
+        return ExpertWeight(upload(info, device), n_experts, rows)
+
+    def gathered(self, x: torch.Tensor, weight: ExpertWeight, experts: torch.Tensor) -> torch.Tensor:
+        n, r, w = experts.shape[0], weight.rows, weight.matrices
+        if not 0 < n <= self.max_assignments or x.shape[0] not in (1, n):
+            raise ValueError(f"gathered expert product: {n} experts for {x.shape[0]} rows")
+        planes = tuple(
+            p.view(weight.n_experts, r, -1).index_select(0, experts).flatten(0, 1) for p in w.planes
+        )
+        picked = TritonWeight(w.qtype, (n * r, w.shape[1]), planes)
+        y = gemv(x, picked, self._int8_limit(weight), self.linear.launch)  # [x rows, n * r]
+        if x.shape[0] == 1:
+            return y.reshape(n, r)
+        return y.reshape(n, n, r).diagonal(dim1=0, dim2=1).T.contiguous()
+
+    def grouped(self, x: torch.Tensor, weight: ExpertWeight, counts: list[int]) -> torch.Tensor:
+        groups = enumerate(x.split(counts))
+        parts = [self.linear.apply(part, weight.expert(e)) for e, part in groups if part.shape[0]]
+        return torch.cat(parts) if parts else x.new_empty(0, weight.rows)
+
+    def _int8_limit(self, weight: ExpertWeight) -> int:
+        """The int8 limit that gives the gathered product one expert's choice (`runs_on_int8`)."""
+        return 0 if runs_on_int8(weight.expert(0), self.linear.int8_min_weights) else NEVER_INT8
+
+
+def registrations(options: KernelOptions) -> tuple[Registration, ...]:
+    experts = TritonExpertLinear(options)
+    return tuple(Registration("cuda", EXPERT_LINEAR, experts, qtype) for qtype in FORMATS)
