@@ -758,7 +758,7 @@ def _signed(values, sign_bytes):
 
 
 @triton.jit
-def _super_block(row, g, n_groups):
+def super_block(row, g, n_groups):
     """Super-block index [BLOCK_N, G] of groups g of rows `row` (8 groups of 32 per 256), g's place in it."""
     return row[:, None] * (n_groups // 8) + (g // 8)[None, :], (g % 8)[None, :]
 
@@ -776,13 +776,18 @@ def _iq4_nl_groups(qs_ptr, d_ptr, levels_ptr, row, g, n_groups):
 def _iq4_xs_groups(d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, row, g, n_groups):
     # per 256: d, scales_h (2 high bits of group ib's 6-bit scale at bit 2ib), scales_l[4] (4 low bits,
     # nibble ib % 2 of byte ib // 2), qs[128] (16 bytes per group, nibbles as IQ4_NL); scale d * (ls - 32)
-    sb, ib = _super_block(row, g, n_groups)
+    sb, ib = super_block(row, g, n_groups)
     qs = tl.load(qs_ptr + (sb * 128 + ib * 16)[:, :, None] + tl.arange(0, 16)[None, None, :])
     codes = tl.reshape(tl.join(qs & 15, qs >> 4), (qs.shape[0], qs.shape[1], 32)).to(tl.int32)
+    return tl.load(levels_ptr + codes), iq4_xs_scale(d_ptr, scales_h_ptr, scales_l_ptr, sb, ib)
+
+
+@triton.jit
+def iq4_xs_scale(d_ptr, scales_h_ptr, scales_l_ptr, sb, ib):
+    """IQ4_XS scale d * (ls - 32) of group ib of super-blocks sb (`_iq4_xs_groups`)."""
     high = (tl.load(scales_h_ptr + sb).to(tl.int32) >> (2 * ib)) & 3
     low = (tl.load(scales_l_ptr + sb * 4 + ib // 2).to(tl.int32) >> (4 * (ib % 2))) & 15
-    scale = tl.load(d_ptr + sb).to(tl.float32) * ((low | (high << 4)) - 32).to(tl.float32)
-    return tl.load(levels_ptr + codes), scale
+    return tl.load(d_ptr + sb).to(tl.float32) * ((low | (high << 4)) - 32).to(tl.float32)
 
 
 @triton.jit
@@ -790,7 +795,7 @@ def _iq3_s_groups(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, row, g
     # per 256: d, qs[64] (low 8 bits of the 9-bit grid index of 4 elements), qh[8] (bit p of byte ib: the
     # 9th bit of index p of group ib), signs[32] (a bit per element), scales[4] (nibble ib % 2 of byte
     # ib // 2: scale d * (1 + 2 * code))
-    sb, ib = _super_block(row, g, n_groups)
+    sb, ib = super_block(row, g, n_groups)
     p = tl.arange(0, 8)[None, None, :]
     qs = tl.load(qs_ptr + (sb * 64 + ib * 8)[:, :, None] + p).to(tl.int32)
     qh = tl.load(qh_ptr + sb * 8 + ib).to(tl.int32)
@@ -812,7 +817,7 @@ def _xxs_signs_scale(d_ptr, sb, aux, ksigns_ptr, step):
 @triton.jit
 def _iq3_xxs_groups(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, row, g, n_groups):
     # per 256: d, qs[64] (8-bit grid index of 4 elements), then a uint32 per group (`_xxs_signs_scale`)
-    sb, ib = _super_block(row, g, n_groups)
+    sb, ib = super_block(row, g, n_groups)
     qs = tl.load(qs_ptr + (sb * 64 + ib * 8)[:, :, None] + tl.arange(0, 8)[None, None, :]).to(tl.int32)
     signs, scale = _xxs_signs_scale(d_ptr, sb, tl.load(aux_ptr + sb * 8 + ib), ksigns_ptr, 0.5)
     return _signed(_byte_values(tl.load(grid_ptr + qs)), signs), scale
@@ -822,7 +827,7 @@ def _iq3_xxs_groups(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, row, g, n_grou
 def _iq2_xxs_groups(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, row, g, n_groups):
     # per 256: d, then per group two uint32: four 8-bit indices of 8-element grid points (2 words each),
     # and the `_xxs_signs_scale` word
-    sb, ib = _super_block(row, g, n_groups)
+    sb, ib = super_block(row, g, n_groups)
     words, aux = tl.split(tl.load(qs_ptr + (sb * 16 + ib * 2)[:, :, None] + tl.arange(0, 2)[None, None, :]))
     index = (words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 255
     points = tl.load(grid_ptr + (2 * index)[:, :, :, None] + tl.arange(0, 2)[None, None, None, :])
