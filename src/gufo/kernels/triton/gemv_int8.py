@@ -9,9 +9,10 @@ word of weights meets a word of activations in one 4-way integer dot product (`_
 block (16 for Q6_K's scales) the exact integer sum is scaled once by the weight's and the activations'
 scales; offsets (Q4_K's minimums, Q6_K's -32) go through the activation sums.
 
-Formats: Q8_0, Q4_K, Q6_K (what llama-quantize's Q8_0 and Q4_K_M mixes hold), IQ4_NL and IQ4_XS (of
-unsloth's UD mixes), with the weight planes (planes.py) read as int32 words, launch.py's shapes,
-split-K and batch invariance (each activation row's arithmetic is the same for any number of rows).
+Formats: Q8_0, Q4_K, Q6_K (what llama-quantize's Q8_0 and Q4_K_M mixes hold), IQ4_NL, IQ4_XS, IQ3_S,
+IQ3_XXS and IQ2_XXS (of unsloth's UD mixes), with the weight planes (planes.py) read as int32 words,
+launch.py's shapes, split-K and batch invariance (each activation row's arithmetic is the same for any
+number of rows).
 `_dot4` is PTX dp4a and `_prmt` PTX prmt when compiled for NVIDIA; the Triton interpreter (CI) runs
 the same integer arithmetic with shifts and multiplies. AMD keeps the
 vector kernels until its dot4 instruction is wired (launch.py chooses).
@@ -26,7 +27,13 @@ from gguf import GGMLQuantizationType
 
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
 from gufo.kernels.triton.dependent_launch import DependentLaunch, prefetch_rows, wait_for_inputs
-from gufo.kernels.triton.gemv_kernels import iq4_xs_scale, super_block
+from gufo.kernels.triton.gemv_kernels import (
+    iq2_xxs_parts,
+    iq3_s_parts,
+    iq3_xxs_parts,
+    iq4_xs_scale,
+    super_block,
+)
 from gufo.kernels.triton.jit_helpers import (
     add_row,
     int8_blocks,
@@ -363,12 +370,113 @@ def gemv_iq4_xs_int8(
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
+# --------------------------------------------------------------------------------------------------
+# IQ3_S / IQ3_XXS / IQ2_XXS: the lattice points are read from their grid as int32 words of 4 int8
+# values (all 1..62, gemv_kernels.iq3_s_parts), and signed in the word: a negated byte v becomes
+# (v ^ 0xFF) + 1, which never carries into the next byte since v > 0.
+
+
+@triton.jit
+def _signed_words(words, signs):
+    """words [BLOCK_N, G, 8] of lattice values with the signs of sign bytes [BLOCK_N, G, 4] (bit j of
+    byte l: element 8l + j, so word 2l + h takes bits 4h..4h + 3 of byte l, one per byte)."""
+    h = tl.arange(0, 2)[None, None, None, :]
+    bits = tl.reshape((signs[:, :, :, None].to(tl.int32) >> (4 * h)) & 15, words.shape)
+    ones = (bits * 0x00204081) & 0x01010101  # bit i of the 4 to the low bit of byte i
+    return (words ^ (ones * 255)) + ones
+
+
+@triton.jit
+def _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M: tl.constexpr,
+                      NATIVE: tl.constexpr):  # fmt: skip
+    """acc[r] += scale * xd * (signed lattice values . xq) per group g of 32 (`_signed_words`)."""
+    w = _signed_words(words, signs)
+    j = tl.arange(0, 8)[None, :]
+    for r in tl.static_range(BLOCK_M):
+        mr = tl.program_id(2) * BLOCK_M + r
+        ok = (g < K // 32) & (mr < M)
+        x = tl.load(xq_ptr + mr * (K // 4) + g[:, None] * 8 + j, mask=ok[:, None], other=0)
+        xd = tl.load(xd_ptr + mr * (K // 32) + g, mask=ok, other=0.0)[None, :]
+        dots = tl.sum(_dot4(w, x[None], NATIVE), axis=2).to(tl.float32)
+        acc = add_row(acc, r, scale * xd * dots)
+    return acc
+
+
+@triton.jit
+def gemv_iq3_s_int8(
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K,
+    n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
+        prefetch_rows(qh_ptr, N, K // 32, BLOCK_N)
+        prefetch_rows(signs_ptr, N, K // 8, BLOCK_N)
+        prefetch_rows(scales_ptr, N, K // 64, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
+        words, signs, scale = iq3_s_parts(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib)
+        acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
+    store_partials(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_iq3_xxs_int8(
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K,
+    n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
+        prefetch_rows(aux_ptr, N, K // 32, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
+        words, signs, scale = iq3_xxs_parts(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib)
+        acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
+    store_partials(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_iq2_xxs_int8(
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 16, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
+        words, signs, scale = iq2_xxs_parts(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib)
+        acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
+    store_partials(out_ptr, acc, m, n, M, N, split)
+
+
 KERNELS = {
     Q.Q8_0: gemv_q8_0_int8,
     Q.Q4_K: gemv_q4_k_int8,
     Q.Q6_K: gemv_q6_k_int8,
     Q.IQ4_NL: gemv_iq4_nl_int8,
     Q.IQ4_XS: gemv_iq4_xs_int8,
+    Q.IQ3_S: gemv_iq3_s_int8,
+    Q.IQ3_XXS: gemv_iq3_xxs_int8,
+    Q.IQ2_XXS: gemv_iq2_xxs_int8,
 }
 # planes.py planes of bytes, read as int32
 WORD_PLANES = {
@@ -433,7 +541,7 @@ def launch(
     weight's planes (planes.py), on int8 activations (see launch.gemv)."""
     m, k = x.shape
     xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_rows(x, launch)
-    words = tuple(p.view(torch.int32) if i in WORD_PLANES[qtype] else p for i, p in enumerate(planes))
+    words = tuple(p.view(torch.int32) if i in WORD_PLANES.get(qtype, ()) else p for i, p in enumerate(planes))
     weight_bytes = sum(p.numel() * p.element_size() for p in planes)
     capped = qtype in CAPPED_FORMATS and (block_m, block_n, step) == CAPPED_TILE
     KERNELS[qtype][grid](

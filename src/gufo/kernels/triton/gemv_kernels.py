@@ -791,18 +791,20 @@ def iq4_xs_scale(d_ptr, scales_h_ptr, scales_l_ptr, sb, ib):
 
 
 @triton.jit
-def _iq3_s_groups(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, row, g, n_groups):
+def iq3_s_parts(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib):
+    """IQ3_S groups ib of super-blocks sb: their lattice points as int32 words [BLOCK_N, G, 8] (4 values
+    each, elements 4p..4p + 3), sign bytes [BLOCK_N, G, 4] (bit j of byte l: element 8l + j negative)
+    and scales [BLOCK_N, G]."""
     # per 256: d, qs[64] (low 8 bits of the 9-bit grid index of 4 elements), qh[8] (bit p of byte ib: the
     # 9th bit of index p of group ib), signs[32] (a bit per element), scales[4] (nibble ib % 2 of byte
     # ib // 2: scale d * (1 + 2 * code))
-    sb, ib = super_block(row, g, n_groups)
     p = tl.arange(0, 8)[None, None, :]
     qs = tl.load(qs_ptr + (sb * 64 + ib * 8)[:, :, None] + p).to(tl.int32)
     qh = tl.load(qh_ptr + sb * 8 + ib).to(tl.int32)
-    values = _byte_values(tl.load(grid_ptr + (qs | (((qh[:, :, None] >> p) & 1) << 8))))
+    words = tl.load(grid_ptr + (qs | (((qh[:, :, None] >> p) & 1) << 8)))
     signs = tl.load(signs_ptr + (sb * 32 + ib * 4)[:, :, None] + tl.arange(0, 4)[None, None, :])
     code = (tl.load(scales_ptr + sb * 4 + ib // 2).to(tl.int32) >> (4 * (ib % 2))) & 15
-    return _signed(values, signs), tl.load(d_ptr + sb).to(tl.float32) * (1 + 2 * code).to(tl.float32)
+    return words, signs, tl.load(d_ptr + sb).to(tl.float32) * (1 + 2 * code).to(tl.float32)
 
 
 @triton.jit
@@ -815,25 +817,45 @@ def _xxs_signs_scale(d_ptr, sb, aux, ksigns_ptr, step):
 
 
 @triton.jit
-def _iq3_xxs_groups(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, row, g, n_groups):
+def iq3_xxs_parts(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib):
+    """IQ3_XXS groups as `iq3_s_parts` returns them."""
     # per 256: d, qs[64] (8-bit grid index of 4 elements), then a uint32 per group (`_xxs_signs_scale`)
-    sb, ib = super_block(row, g, n_groups)
     qs = tl.load(qs_ptr + (sb * 64 + ib * 8)[:, :, None] + tl.arange(0, 8)[None, None, :]).to(tl.int32)
     signs, scale = _xxs_signs_scale(d_ptr, sb, tl.load(aux_ptr + sb * 8 + ib), ksigns_ptr, 0.5)
-    return _signed(_byte_values(tl.load(grid_ptr + qs)), signs), scale
+    return tl.load(grid_ptr + qs), signs, scale
 
 
 @triton.jit
-def _iq2_xxs_groups(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, row, g, n_groups):
+def iq2_xxs_parts(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib):
+    """IQ2_XXS groups as `iq3_s_parts` returns them."""
     # per 256: d, then per group two uint32: four 8-bit indices of 8-element grid points (2 words each),
     # and the `_xxs_signs_scale` word
-    sb, ib = super_block(row, g, n_groups)
     words, aux = tl.split(tl.load(qs_ptr + (sb * 16 + ib * 2)[:, :, None] + tl.arange(0, 2)[None, None, :]))
     index = (words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 255
     points = tl.load(grid_ptr + (2 * index)[:, :, :, None] + tl.arange(0, 2)[None, None, None, :])
     signs, scale = _xxs_signs_scale(d_ptr, sb, aux, ksigns_ptr, 0.25)
-    values = _byte_values(tl.reshape(points, (points.shape[0], points.shape[1], 8)))
-    return _signed(values, signs), scale
+    return tl.reshape(points, (points.shape[0], points.shape[1], 8)), signs, scale
+
+
+@triton.jit
+def _iq3_s_groups(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, row, g, n_groups):
+    sb, ib = super_block(row, g, n_groups)
+    words, signs, scale = iq3_s_parts(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib)
+    return _signed(_byte_values(words), signs), scale
+
+
+@triton.jit
+def _iq3_xxs_groups(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, row, g, n_groups):
+    sb, ib = super_block(row, g, n_groups)
+    words, signs, scale = iq3_xxs_parts(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib)
+    return _signed(_byte_values(words), signs), scale
+
+
+@triton.jit
+def _iq2_xxs_groups(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, row, g, n_groups):
+    sb, ib = super_block(row, g, n_groups)
+    words, signs, scale = iq2_xxs_parts(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib)
+    return _signed(_byte_values(words), signs), scale
 
 
 @triton.jit
