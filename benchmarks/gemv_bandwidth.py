@@ -5,7 +5,8 @@ next to the device's copy bandwidth (a large tensor copy: bytes read + written o
 Weights are random valid blocks (gufo.formats.random_blocks) uploaded by `TritonLinear.prepare`; each
 product is timed inside a CUDA graph (as decode runs them) cycling through enough copies of the weight
 that the L2 cache holds none of them (median of triton.testing.do_bench_cudagraph). Prints a JSON list of
-rows {format, N, K, us, gbps, fraction_of_copy} and a markdown table; --json also writes the rows.
+rows {format, N, K, path, us, gbps, copy_gbps, fraction_of_copy} and a markdown table (path: the
+product's activations, int8 or float32); --json also writes the rows.
 
     python benchmarks/gemv_bandwidth.py --json out.json            # a GPU, about a minute
     python benchmarks/gemv_bandwidth.py --device cpu --tiny         # smoke check: the Triton interpreter
@@ -89,6 +90,7 @@ def bench(qtype_name: str, n: int, k: int, device: str, copy: float) -> dict[str
     from gufo.formats.random_blocks import random_blocks
     from gufo.gguf.model_file import TensorInfo
     from gufo.kernels.triton.gemv import TritonLinear
+    from gufo.kernels.triton.launch import int8_activations
     from gufo.options import KernelOptions
 
     qtype = GGMLQuantizationType[qtype_name]
@@ -101,12 +103,15 @@ def bench(qtype_name: str, n: int, k: int, device: str, copy: float) -> dict[str
     x = torch.randn(1, k, device=device, generator=torch.Generator(device).manual_seed(0))
     seconds = median_seconds([lambda w=w: linear.apply(x, w) for w in weights], device)
     gbps = blocks.nbytes / seconds / 1e9
+    path = "int8" if int8_activations(x, weights[0], linear.int8_min_weights) else "float32"
     return {
         "format": qtype_name,
         "N": n,
         "K": k,
+        "path": path,
         "us": seconds * 1e6,
         "gbps": gbps,
+        "copy_gbps": copy,
         "fraction_of_copy": gbps / copy,
     }
 
@@ -115,13 +120,14 @@ def markdown(rows: list[dict[str, Any]], copy: float) -> str:
     lines = [
         f"copy bandwidth: {copy:.0f} GB/s",
         "",
-        "| format | N x K | us | GB/s | of copy |",
-        "|---|---|---|---|---|",
+        "| format | N x K | path | us | GB/s | of copy |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = (
             r["format"],
             f"{r['N']}x{r['K']}",
+            r["path"],
             f"{r['us']:.2f}",
             f"{r['gbps']:.0f}",
             f"{r['fraction_of_copy']:.0%}",
@@ -147,7 +153,7 @@ def main() -> None:
     print(json.dumps(rows, indent=1))
     print(markdown(rows, copy))
     if args.json:
-        Path(args.json).write_text(json.dumps({"copy_gbps": copy, "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -292,15 +292,16 @@ def _level_word(levels_ptr, w):
 
 @triton.jit
 def _levels_16(q4, t0, t1, t2, t3, NATIVE: tl.constexpr):
-    """int32 words q4 of 4 bytes, byte i = element i (low nibble) and element 4 + i (high) of 8, as level
-    indices -> (levels of elements 0..3, of elements 4..7) as int8 words; t0..t3 the 16 levels."""
+    """int32 words q4 of 4 bytes, byte i = elements i (low nibble) and 4 + i (high) of 8, as level
+    indices -> their int8 levels in the nibbles' order, elements (0, 4, 1, 5) and (2, 6, 3, 7): the
+    activations are permuted to match (`_level_products`), once for all rows; t0..t3 the 16 levels."""
     # per nibble: 4 * (bit 3) + its position, choosing between the lookups of levels 0..7 and 8..15
     choose = ((q4 >> 1) & 0x44444444) | 0x32103210
-    low = _prmt(_prmt(t0, t1, q4 & 0x7777, NATIVE), _prmt(t2, t3, q4 & 0x7777, NATIVE), choose, NATIVE)
-    high_sel = (q4 >> 16) & 0x7777
-    high = _prmt(_prmt(t0, t1, high_sel, NATIVE), _prmt(t2, t3, high_sel, NATIVE), choose >> 16, NATIVE)
-    # low: levels of nibbles 0..3 (elements 0, 4, 1, 5), high: of nibbles 4..7 (2, 6, 3, 7)
-    return _prmt(low, high, 0x6420, NATIVE), _prmt(low, high, 0x7531, NATIVE)
+    first = q4 & 0x7777
+    pair_0 = _prmt(_prmt(t0, t1, first, NATIVE), _prmt(t2, t3, first, NATIVE), choose, NATIVE)
+    second = (q4 >> 16) & 0x7777
+    pair_1 = _prmt(_prmt(t0, t1, second, NATIVE), _prmt(t2, t3, second, NATIVE), choose >> 16, NATIVE)
+    return pair_0, pair_1
 
 
 @triton.jit
@@ -308,7 +309,7 @@ def _level_products(acc, q4, scale, levels_ptr, xq_ptr, xd_ptr, g, M, K, BLOCK_M
                     NATIVE: tl.constexpr):  # fmt: skip
     """acc[r] += scale * xd * (levels . xq) per group g of 32: q4 [BLOCK_N, G, 4] the group's 16 bytes
     as words, byte 4t + i holding element 4t + i (low nibble) and 16 + 4t + i (high)."""
-    low, high = _levels_16(
+    pair_0, pair_1 = _levels_16(
         q4, _level_word(levels_ptr, 0), _level_word(levels_ptr, 1), _level_word(levels_ptr, 2),
         _level_word(levels_ptr, 3), NATIVE,
     )  # fmt: skip
@@ -317,10 +318,13 @@ def _level_products(acc, q4, scale, levels_ptr, xq_ptr, xd_ptr, g, M, K, BLOCK_M
         mr = tl.program_id(2) * BLOCK_M + r
         ok = (g < K // 32) & (mr < M)
         x_at = xq_ptr + mr * (K // 4) + g[:, None] * 8 + t
-        x_low = tl.load(x_at, mask=ok[:, None], other=0)
-        x_high = tl.load(x_at + 4, mask=ok[:, None], other=0)
+        x_low = tl.load(x_at, mask=ok[:, None], other=0)  # elements 4t..4t + 3
+        x_high = tl.load(x_at + 4, mask=ok[:, None], other=0)  # 16 + 4t..
+        # in the levels' order: (4t, 16 + 4t, 4t + 1, 17 + 4t), (4t + 2, 18 + 4t, 4t + 3, 19 + 4t)
+        x_0 = _prmt(x_low, x_high, 0x5140, NATIVE)
+        x_1 = _prmt(x_low, x_high, 0x7362, NATIVE)
         xd = tl.load(xd_ptr + mr * (K // 32) + g, mask=ok, other=0.0)[None, :]
-        dots = tl.sum(_dot4(low, x_low[None], NATIVE) + _dot4(high, x_high[None], NATIVE), axis=2)
+        dots = tl.sum(_dot4(pair_0, x_0[None], NATIVE) + _dot4(pair_1, x_1[None], NATIVE), axis=2)
         acc = add_row(acc, r, scale * xd * dots.to(tl.float32))
     return acc
 
