@@ -26,14 +26,14 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
-from gufo.kernels.triton.dependent_launch import DependentLaunch, prefetch_rows, wait_for_inputs
-from gufo.kernels.triton.gemv_kernels import (
+from gufo.kernels.triton.codebook_groups import (
     iq2_xxs_parts,
     iq3_s_parts,
     iq3_xxs_parts,
     iq4_xs_scale,
     super_block,
 )
+from gufo.kernels.triton.dependent_launch import DependentLaunch, prefetch_rows, wait_for_inputs
 from gufo.kernels.triton.jit_helpers import (
     add_row,
     int8_blocks,
