@@ -1,6 +1,6 @@
-"""Acceptance 1 of the block formats, end to end on the CPU: a tiny model whose matrices are random
-valid blocks of one format matches its F32 twin (the same blocks dequantized by the `gguf` package)
-at the final prompt position, in KL and top-1."""
+"""Acceptance 1 of the block formats, end to end on the CPU (and, with a GPU, through the Triton
+kernels): a tiny model whose matrices are random valid blocks of one format matches its F32 twin (the
+same blocks dequantized by the `gguf` package) at the final prompt position, in KL and top-1."""
 
 from __future__ import annotations
 
@@ -24,18 +24,35 @@ SHAPE = {"arch": "llama", "n_embd": 256, "head_dim": 64, "n_heads": 4, "n_kv_hea
 SHAPE |= {"layer_std": 256**-0.5}
 
 
-def final_logits(path, qtype: Q) -> torch.Tensor:
-    engine = Engine(path, RunOptions(device="cpu"), context=32)
-    if qtype != Q.F32 and CpuInt8Linear.available():  # the C int8 kernel's products, not a fallback
+# the formats of the Triton kernels (the others take the torch fallback on a GPU)
+TRITON_FORMATS = [Q.IQ4_NL, Q.IQ4_XS, Q.IQ3_S, Q.IQ3_XXS, Q.IQ2_XXS]
+
+
+def final_logits(path, qtype: Q, device: str = "cpu") -> torch.Tensor:
+    engine = Engine(path, RunOptions(device=device), context=32)
+    if qtype != Q.F32 and device == "cpu" and CpuInt8Linear.available():  # the C int8 kernel, no fallback
         assert engine.model.routes()[f"linear.{qtype.name}"] == f"cpu:{CpuInt8Linear.name}"
-    return engine.prefill(PROMPT).double()
+    if qtype != Q.F32 and device == "cuda":
+        assert engine.model.routes()[f"linear.{qtype.name}"] == "cuda:triton-gemv"
+    return engine.prefill(PROMPT).double().cpu()
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_quantized_model_matches_its_f32_twin(tmp_path, qtype):
+    check_twins(tmp_path, qtype, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", TRITON_FORMATS, ids=lambda t: t.name)
+def test_quantized_model_on_the_triton_kernels_matches_its_f32_twin(tmp_path, qtype):
+    """The quantized model on the GPU (Triton products), its twin on the CPU."""
+    check_twins(tmp_path, qtype, "cuda")
+
+
+def check_twins(tmp_path, qtype: Q, device: str) -> None:
     quantized = write_tiny_model(tmp_path / "q.gguf", qtype=qtype, **SHAPE)
     twin = write_tiny_model(tmp_path / "f32.gguf", qtype=qtype, dequantized=True, **SHAPE)
-    ours, reference = final_logits(quantized, qtype), final_logits(twin, Q.F32)
+    ours, reference = final_logits(quantized, qtype, device), final_logits(twin, Q.F32)
     log_p, log_q = torch.log_softmax(reference, -1), torch.log_softmax(ours, -1)
     kl = float((log_p.exp() * (log_p - log_q)).sum())
     assert kl <= MAX_KL, kl

@@ -38,11 +38,13 @@ LINEAR_KERNEL = gemv.TritonLinear(KernelOptions())  # what the engine registers
 INT8_EVERYWHERE = gemv.TritonLinear(KernelOptions(int8_min_weights=0))
 
 Q = gguf.GGMLQuantizationType
-QTYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F32, Q.F16, Q.BF16]
+IQ_QTYPES = [Q.IQ4_NL, Q.IQ4_XS, Q.IQ3_S, Q.IQ3_XXS, Q.IQ2_XXS]  # every random byte is a valid code
+QTYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, *IQ_QTYPES, Q.F32, Q.F16, Q.BF16]
 # Byte offsets of the fp16 scale fields of each block (ggml's block structs), written independently of
 # the kernel module's field table so that the test checks it.
 HALF_OFFSETS = {
-    Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)
+    Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
+    **{qtype: (0,) for qtype in IQ_QTYPES},
 }  # fmt: skip
 ROWS = 11  # not a multiple of any BLOCK_N (2..32): every kernel sees a tail tile
 FLOAT32_REL = 1e-5  # error bound relative to |x| @ |W|^T: float32 rounding of K <= 512 products
@@ -228,8 +230,8 @@ def check_int8_rows_input(qtype: gguf.GGMLQuantizationType) -> None:
 
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases: dict[str, Callable[[], None]] = {}
-    for qtype in QTYPES:  # every format and row count (M > 16 takes two row tiles)
-        for m in (1, 2, 5, 16, 17):
+    for qtype in QTYPES:  # every format and row count (M > 16 takes two row tiles); fewer for IQ*
+        for m in (1, 5, 17) if qtype in IQ_QTYPES else (1, 2, 5, 16, 17):
             cases[f"float32-{qtype.name}-m{m}"] = lambda q=qtype, m=m: check_against_reference(q, m)
     # half-precision activations: m >= DOT_MIN_ROWS takes the tl.dot path, which the interpreter runs
     # for float16 only (it multiplies bfloat16 as raw uint16 bits)
@@ -238,7 +240,9 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
             for m in rows:
                 name = f"{str(dtype).removeprefix('torch.')}-{qtype.name}-m{m}"
                 cases[name] = lambda q=qtype, m=m, d=dtype: check_against_reference(q, m, d)
-    for qtype in (Q.Q4_0, Q.Q8_0, Q.Q5_K, Q.F16):
+    for qtype in IQ_QTYPES:  # the codebook formats' tensor-core kernels
+        cases[f"float16-{qtype.name}-m5"] = lambda q=qtype: check_against_reference(q, 5, torch.float16)
+    for qtype in (Q.Q4_0, Q.Q8_0, Q.Q5_K, Q.IQ4_NL, Q.F16):
         cases[f"split_k-{qtype.name}"] = lambda q=qtype: check_split_k(q)
     for qtype in launch.INT8_FORMATS:
         for m in (1, 5, 17):

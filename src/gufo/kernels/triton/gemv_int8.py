@@ -9,10 +9,12 @@ word of weights meets a word of activations in one 4-way integer dot product (`_
 block (16 for Q6_K's scales) the exact integer sum is scaled once by the weight's and the activations'
 scales; offsets (Q4_K's minimums, Q6_K's -32) go through the activation sums.
 
-Formats: Q8_0, Q4_K, Q6_K (what llama-quantize's Q8_0 and Q4_K_M mixes hold), with the weight planes
-(planes.py) read as int32 words, launch.py's shapes, split-K and batch invariance (each activation
-row's arithmetic is the same for any number of rows). `_dot4` is PTX dp4a when compiled for NVIDIA;
-the Triton interpreter (CI) runs the same integer arithmetic with shifts and multiplies. AMD keeps the
+Formats: Q8_0, Q4_K, Q6_K (what llama-quantize's Q8_0 and Q4_K_M mixes hold), IQ4_NL, IQ4_XS, IQ3_S,
+IQ3_XXS and IQ2_XXS (of unsloth's UD mixes), with the weight planes (planes.py) read as int32 words,
+launch.py's shapes, split-K and batch invariance (each activation row's arithmetic is the same for any
+number of rows).
+`_dot4` is PTX dp4a and `_prmt` PTX prmt when compiled for NVIDIA; the Triton interpreter (CI) runs
+the same integer arithmetic with shifts and multiplies. AMD keeps the
 vector kernels until its dot4 instruction is wired (launch.py chooses).
 """
 
@@ -24,6 +26,13 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
+from gufo.kernels.triton.codebook_groups import (
+    iq2_xxs_parts,
+    iq3_s_parts,
+    iq3_xxs_parts,
+    iq4_xs_scale,
+    super_block,
+)
 from gufo.kernels.triton.dependent_launch import DependentLaunch, prefetch_rows, wait_for_inputs
 from gufo.kernels.triton.jit_helpers import (
     add_row,
@@ -41,6 +50,7 @@ QUANT_BLOCKS = 32  # activation blocks per program of the quantizer
 # docs/decisions.md, "Register cap of 72 on one-row int8 tiles"
 MAX_REGISTERS = 72
 CAPPED_TILE = (1, 8, 2048)  # (BLOCK_M, BLOCK_N, STEP) the cap applies to
+CAPPED_FORMATS = (Q.Q4_K, Q.Q6_K)  # the ones it was measured for
 
 
 @triton.jit
@@ -249,8 +259,237 @@ def gemv_q6_k_int8(
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
-KERNELS = {Q.Q8_0: gemv_q8_0_int8, Q.Q4_K: gemv_q4_k_int8, Q.Q6_K: gemv_q6_k_int8}
-WORD_PLANES = {Q.Q8_0: (0,), Q.Q4_K: (2, 3), Q.Q6_K: (0, 1)}  # planes.py planes of bytes, read as int32
+# --------------------------------------------------------------------------------------------------
+# IQ4_NL / IQ4_XS: a word of 8 4-bit level indices becomes two words of int8 levels with byte
+# permutes (`_levels_16`, llama.cpp's get_int_from_table_16: the 16 levels held in 4 registers), no
+# table reads in the loop.
+
+
+@triton.jit
+def _prmt(a, b, selector, NATIVE: tl.constexpr):
+    """Byte i of the result = byte (nibble i of selector) of the 8-byte pair b:a (0..3 from a, 4..7 from
+    b); every selector nibble under 8 (PTX prmt.b32 would replicate sign bits otherwise)."""
+    zero = (a & 0) + (b & 0) + (selector & 0)  # the three broadcast to one shape (a constant selector too)
+    a, b, selector = a + zero, b + zero, selector + zero
+    if NATIVE:
+        return tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, selector], dtype=tl.int32, is_pure=True, pack=1
+        )
+    i = tl.arange(0, 4)  # the 4 result bytes along a new last axis
+    pick = ((tl.expand_dims(selector, -1) >> (4 * i)) & 7).to(tl.int64)
+    pair = tl.expand_dims((b.to(tl.int64) << 32) | a.to(tl.uint32).to(tl.int64), -1)
+    return tl.sum(((pair >> (8 * pick)) & 255) << (8 * i), axis=len(pick.shape) - 1).to(tl.int32)
+
+
+@triton.jit
+def _level_word(levels_ptr, w):
+    """Levels 4w..4w + 3 of the float32 table as one word of 4 int8 (level 4w in the low byte)."""
+    word = tl.load(levels_ptr + 4 * w).to(tl.int32) & 255
+    for i in tl.static_range(1, 4):
+        word |= (tl.load(levels_ptr + 4 * w + i).to(tl.int32) & 255) << (8 * i)
+    return word
+
+
+@triton.jit
+def _levels_16(q4, t0, t1, t2, t3, NATIVE: tl.constexpr):
+    """int32 words q4 of 4 bytes, byte i = elements i (low nibble) and 4 + i (high) of 8, as level
+    indices -> their int8 levels in the nibbles' order, elements (0, 4, 1, 5) and (2, 6, 3, 7): the
+    activations are permuted to match (`_level_products`), once for all rows; t0..t3 the 16 levels."""
+    # per nibble: 4 * (bit 3) + its position, choosing between the lookups of levels 0..7 and 8..15
+    choose = ((q4 >> 1) & 0x44444444) | 0x32103210
+    first = q4 & 0x7777
+    pair_0 = _prmt(_prmt(t0, t1, first, NATIVE), _prmt(t2, t3, first, NATIVE), choose, NATIVE)
+    second = (q4 >> 16) & 0x7777
+    pair_1 = _prmt(_prmt(t0, t1, second, NATIVE), _prmt(t2, t3, second, NATIVE), choose >> 16, NATIVE)
+    return pair_0, pair_1
+
+
+@triton.jit
+def _level_products(acc, q4, scale, levels_ptr, xq_ptr, xd_ptr, g, M, K, BLOCK_M: tl.constexpr,
+                    NATIVE: tl.constexpr):  # fmt: skip
+    """acc[r] += scale * xd * (levels . xq) per group g of 32: q4 [BLOCK_N, G, 4] the group's 16 bytes
+    as words, byte 4t + i holding element 4t + i (low nibble) and 16 + 4t + i (high)."""
+    pair_0, pair_1 = _levels_16(
+        q4, _level_word(levels_ptr, 0), _level_word(levels_ptr, 1), _level_word(levels_ptr, 2),
+        _level_word(levels_ptr, 3), NATIVE,
+    )  # fmt: skip
+    t = tl.arange(0, 4)[None, :]
+    for r in tl.static_range(BLOCK_M):
+        mr = tl.program_id(2) * BLOCK_M + r
+        ok = (g < K // 32) & (mr < M)
+        x_at = xq_ptr + mr * (K // 4) + g[:, None] * 8 + t
+        x_low = tl.load(x_at, mask=ok[:, None], other=0)  # elements 4t..4t + 3
+        x_high = tl.load(x_at + 4, mask=ok[:, None], other=0)  # 16 + 4t..
+        # in the levels' order: (4t, 16 + 4t, 4t + 1, 17 + 4t), (4t + 2, 18 + 4t, 4t + 3, 19 + 4t)
+        x_0 = _prmt(x_low, x_high, 0x5140, NATIVE)
+        x_1 = _prmt(x_low, x_high, 0x7362, NATIVE)
+        xd = tl.load(xd_ptr + mr * (K // 32) + g, mask=ok, other=0.0)[None, :]
+        dots = tl.sum(_dot4(pair_0, x_0[None], NATIVE) + _dot4(pair_1, x_1[None], NATIVE), axis=2)
+        acc = add_row(acc, r, scale * xd * dots.to(tl.float32))
+    return acc
+
+
+@triton.jit
+def gemv_iq4_nl_int8(
+    xq_ptr, xd_ptr, xs_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 8, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 32, BLOCK_N)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        at = row[:, None] * (K // 32) + tl.minimum(g, K // 32 - 1)[None, :]  # the tail's meet x = 0
+        q4 = tl.load(qs_ptr + at[:, :, None] * 4 + tl.arange(0, 4)[None, None, :])
+        scale = tl.load(d_ptr + at).to(tl.float32)
+        acc = _level_products(acc, q4, scale, levels_ptr, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
+    store_partials(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_iq4_xs_int8(
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, M, N, K,
+    n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 8, BLOCK_N)
+        prefetch_rows(scales_l_ptr, N, K // 64, BLOCK_N)
+        prefetch_rows(scales_h_ptr, N, K // 256, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
+        q4 = tl.load(qs_ptr + (sb * 32 + ib * 4)[:, :, None] + tl.arange(0, 4)[None, None, :])
+        scale = iq4_xs_scale(d_ptr, scales_h_ptr, scales_l_ptr, sb, ib)
+        acc = _level_products(acc, q4, scale, levels_ptr, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
+    store_partials(out_ptr, acc, m, n, M, N, split)
+
+
+# --------------------------------------------------------------------------------------------------
+# IQ3_S / IQ3_XXS / IQ2_XXS: the lattice points are read from their grid as int32 words of 4 int8
+# values (all 1..62, gemv_kernels.iq3_s_parts), and signed in the word: a negated byte v becomes
+# (v ^ 0xFF) + 1, which never carries into the next byte since v > 0.
+
+
+@triton.jit
+def _signed_words(words, signs):
+    """words [BLOCK_N, G, 8] of lattice values with the signs of sign bytes [BLOCK_N, G, 4] (bit j of
+    byte l: element 8l + j, so word 2l + h takes bits 4h..4h + 3 of byte l, one per byte)."""
+    h = tl.arange(0, 2)[None, None, None, :]
+    bits = tl.reshape((signs[:, :, :, None].to(tl.int32) >> (4 * h)) & 15, words.shape)
+    ones = (bits * 0x00204081) & 0x01010101  # bit i of the 4 to the low bit of byte i
+    return (words ^ (ones * 255)) + ones
+
+
+@triton.jit
+def _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M: tl.constexpr,
+                      NATIVE: tl.constexpr):  # fmt: skip
+    """acc[r] += scale * xd * (signed lattice values . xq) per group g of 32 (`_signed_words`)."""
+    w = _signed_words(words, signs)
+    j = tl.arange(0, 8)[None, :]
+    for r in tl.static_range(BLOCK_M):
+        mr = tl.program_id(2) * BLOCK_M + r
+        ok = (g < K // 32) & (mr < M)
+        x = tl.load(xq_ptr + mr * (K // 4) + g[:, None] * 8 + j, mask=ok[:, None], other=0)
+        xd = tl.load(xd_ptr + mr * (K // 32) + g, mask=ok, other=0.0)[None, :]
+        dots = tl.sum(_dot4(w, x[None], NATIVE), axis=2).to(tl.float32)
+        acc = add_row(acc, r, scale * xd * dots)
+    return acc
+
+
+@triton.jit
+def gemv_iq3_s_int8(
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K,
+    n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
+        prefetch_rows(qh_ptr, N, K // 32, BLOCK_N)
+        prefetch_rows(signs_ptr, N, K // 8, BLOCK_N)
+        prefetch_rows(scales_ptr, N, K // 64, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
+        words, signs, scale = iq3_s_parts(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib)
+        acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
+    store_partials(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_iq3_xxs_int8(
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K,
+    n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
+        prefetch_rows(aux_ptr, N, K // 32, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
+        words, signs, scale = iq3_xxs_parts(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib)
+        acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
+    store_partials(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def gemv_iq2_xxs_int8(
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
+        prefetch_rows(qs_ptr, N, K // 16, BLOCK_N)
+        prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g = step * (STEP // 32) + tl.arange(0, STEP // 32)
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
+        words, signs, scale = iq2_xxs_parts(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib)
+        acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
+    store_partials(out_ptr, acc, m, n, M, N, split)
+
+
+KERNELS = {
+    Q.Q8_0: gemv_q8_0_int8,
+    Q.Q4_K: gemv_q4_k_int8,
+    Q.Q6_K: gemv_q6_k_int8,
+    Q.IQ4_NL: gemv_iq4_nl_int8,
+    Q.IQ4_XS: gemv_iq4_xs_int8,
+    Q.IQ3_S: gemv_iq3_s_int8,
+    Q.IQ3_XXS: gemv_iq3_xxs_int8,
+    Q.IQ2_XXS: gemv_iq2_xxs_int8,
+}
+# planes.py planes of bytes, read as int32
+WORD_PLANES = {
+    Q.Q8_0: (0,),
+    Q.Q4_K: (2, 3),
+    Q.Q6_K: (0, 1),
+    Q.IQ4_NL: (0,),
+    Q.IQ4_XS: (3,),
+}  # planes.py planes of bytes, read as int32
 
 
 def native() -> bool:
@@ -306,13 +545,14 @@ def launch(
     weight's planes (planes.py), on int8 activations (see launch.gemv)."""
     m, k = x.shape
     xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_rows(x, launch)
-    words = tuple(p.view(torch.int32) if i in WORD_PLANES[qtype] else p for i, p in enumerate(planes))
+    words = tuple(p.view(torch.int32) if i in WORD_PLANES.get(qtype, ()) else p for i, p in enumerate(planes))
     weight_bytes = sum(p.numel() * p.element_size() for p in planes)
+    capped = qtype in CAPPED_FORMATS and (block_m, block_n, step) == CAPPED_TILE
     KERNELS[qtype][grid](
         xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, NATIVE=native(), num_warps=warps,
         enable_fp_fusion=False, PREFETCH=launch.prefetches(out.device, weight_bytes),
-        maxnreg=MAX_REGISTERS if (block_m, block_n, step) == CAPPED_TILE else None,
+        maxnreg=MAX_REGISTERS if capped else None,
         **launch.options(out.device),
     )  # fmt: skip
     # Without fused multiply-adds every row rounds the same way in any row tile: with them, some Q4_K

@@ -33,6 +33,13 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
+from gufo.kernels.triton.codebook_groups import (
+    iq2_xxs_parts,
+    iq3_s_parts,
+    iq3_xxs_parts,
+    iq4_xs_scale,
+    super_block,
+)
 from gufo.kernels.triton.dependent_launch import wait_for_inputs
 from gufo.kernels.triton.jit_helpers import add_row, store_partials, vector_program
 
@@ -719,6 +726,357 @@ def gemv_float(
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
+# --------------------------------------------------------------------------------------------------
+# codebook formats (IQ*): every format decodes groups of 32 elements (`_<format>_groups`: weight rows
+# `row`, group indices g [G], in bounds) into values q [BLOCK_N, G, 32] (float32 integers: a level, or a
+# lattice point times its sign) and one float32 scale per group [BLOCK_N, G], in gguf's operations, so
+# q * scale is gguf's dequantized weight. The tables (planes.tables) are gathered from: a few KiB that
+# stay in the L1/L2 caches. Column j of a group's values is element `order[j]` of it (`_nibble_order`
+# for the IQ4 formats, whose two nibbles of a byte are joined side by side; `_natural_order` else).
+# The vector kernels scale each group's dot product once; the tile kernels (tensor cores, dequant)
+# multiply q by its scale as the reference does.
+
+
+@triton.jit
+def _natural_order():
+    return tl.arange(0, 32)
+
+
+@triton.jit
+def _nibble_order():
+    """Column j = 2i + h of a joined (low, high) nibble pair i holds element 16h + i of the group."""
+    j = tl.arange(0, 32)
+    return (j % 2) * 16 + j // 2
+
+
+@triton.jit
+def _byte_values(words):
+    """int32 words [BLOCK_N, G, P] of 4 values 0..255 each -> float32 [BLOCK_N, G, 4P]: byte b of word
+    p at column 4p + b (the lattice point's element order)."""
+    v = (words[:, :, :, None] >> (8 * tl.arange(0, 4))[None, None, None, :]) & 255
+    return _f32(tl.reshape(v, (words.shape[0], words.shape[1], 4 * words.shape[2])), 0.0)
+
+
+@triton.jit
+def _signed(values, sign_bytes):
+    """values [BLOCK_N, G, 32], element 8l + j negated where bit j of sign_bytes[..., l] (4 bytes) is set."""
+    bits = (sign_bytes[:, :, :, None].to(tl.int32) >> tl.arange(0, 8)[None, None, None, :]) & 1
+    return tl.where(tl.reshape(bits, values.shape) != 0, -values, values)
+
+
+@triton.jit
+def _iq4_nl_groups(qs_ptr, d_ptr, levels_ptr, row, g, n_groups):
+    # d qs[16]: byte i holds elements i (low nibble) and i + 16 (high), 4-bit indices of the 16 levels
+    at = row[:, None] * n_groups + g[None, :]
+    qs = tl.load(qs_ptr + at[:, :, None] * 16 + tl.arange(0, 16)[None, None, :])
+    codes = tl.reshape(tl.join(qs & 15, qs >> 4), (qs.shape[0], qs.shape[1], 32)).to(tl.int32)
+    return tl.load(levels_ptr + codes), tl.load(d_ptr + at).to(tl.float32)
+
+
+@triton.jit
+def _iq4_xs_groups(d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, row, g, n_groups):
+    # per 256: d, scales_h (2 high bits of group ib's 6-bit scale at bit 2ib), scales_l[4] (4 low bits,
+    # nibble ib % 2 of byte ib // 2), qs[128] (16 bytes per group, nibbles as IQ4_NL); scale d * (ls - 32)
+    sb, ib = super_block(row, g, n_groups)
+    qs = tl.load(qs_ptr + (sb * 128 + ib * 16)[:, :, None] + tl.arange(0, 16)[None, None, :])
+    codes = tl.reshape(tl.join(qs & 15, qs >> 4), (qs.shape[0], qs.shape[1], 32)).to(tl.int32)
+    return tl.load(levels_ptr + codes), iq4_xs_scale(d_ptr, scales_h_ptr, scales_l_ptr, sb, ib)
+
+
+@triton.jit
+def _iq3_s_groups(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, row, g, n_groups):
+    sb, ib = super_block(row, g, n_groups)
+    words, signs, scale = iq3_s_parts(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib)
+    return _signed(_byte_values(words), signs), scale
+
+
+@triton.jit
+def _iq3_xxs_groups(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, row, g, n_groups):
+    sb, ib = super_block(row, g, n_groups)
+    words, signs, scale = iq3_xxs_parts(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib)
+    return _signed(_byte_values(words), signs), scale
+
+
+@triton.jit
+def _iq2_xxs_groups(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, row, g, n_groups):
+    sb, ib = super_block(row, g, n_groups)
+    words, signs, scale = iq2_xxs_parts(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib)
+    return _signed(_byte_values(words), signs), scale
+
+
+@triton.jit
+def _group_products(acc, q, scale, g, order, x_ptr, stride_xm, M, K, BLOCK_M: tl.constexpr):
+    """The vector kernels' step: acc[r] += per group, scale * (q . x[r]) over the group's 32 columns."""
+    k = g[:, None] * 32 + order[None, :]
+    for r in tl.static_range(BLOCK_M):
+        x = _x(x_ptr, stride_xm, tl.program_id(2) * BLOCK_M + r, M, k, K)
+        acc = add_row(acc, r, scale * _group_dot(q, x))
+    return acc
+
+
+@triton.jit
+def _consume_groups(acc, q, scale, g, order, x_ptr, stride_xm, m, M, K, out_ptr, n, N, DEQUANT: tl.constexpr):
+    """The tile kernels' step: the weights q * scale of groups g through `_consume`."""
+    k = tl.reshape(g[:, None] * 32 + order[None, :], (g.shape[0] * 32,))
+    return _consume(acc, x_ptr, stride_xm, m, M, K, k, q * scale[:, :, None], out_ptr, n, N, DEQUANT)
+
+
+@triton.jit
+def _steps(step, STEP: tl.constexpr, n_groups):
+    """The groups g of K step `step` (32 columns each) and where they are read (clamped in bounds: the
+    tail's clamped groups meet x = 0, and their dequantized columns are not stored)."""
+    g = step * (STEP // 32) + tl.arange(0, STEP // 32)
+    return g, tl.minimum(g, n_groups - 1)
+
+
+@triton.jit
+def _tile_program(M, N, n_steps, steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    n, m, split, first, last = _program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    return n, m, split, first, last, tl.where(n < N, n, 0).to(tl.int64)
+
+
+@triton.jit
+def gemv_iq4_nl(
+    x_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq4_nl_groups(qs_ptr, d_ptr, levels_ptr, row, at, K // 32)
+        acc = _group_products(acc, q, scale, g, _nibble_order(), x_ptr, stride_xm, M, K, BLOCK_M)
+    store_partials(out_ptr, acc, tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M), n, M, N, split)
+
+
+@triton.jit
+def _iq4_nl_tiles(
+    x_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq4_nl_groups(qs_ptr, d_ptr, levels_ptr, row, at, K // 32)
+        acc = _consume_groups(acc, q, scale, g, _nibble_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
+            DEQUANT)  # fmt: skip
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+
+
+@triton.jit
+def gemv_iq4_nl_dot(
+    x_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    wait_for_inputs(PDL)
+    _iq4_nl_tiles(x_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+        BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_iq4_nl(
+    qs_ptr, d_ptr, levels_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr
+):
+    _iq4_nl_tiles(
+        out_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16, BLOCK_N, STEP, True
+    )
+
+
+@triton.jit
+def gemv_iq4_xs(
+    x_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq4_xs_groups(d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, row, at, K // 32)
+        acc = _group_products(acc, q, scale, g, _nibble_order(), x_ptr, stride_xm, M, K, BLOCK_M)
+    store_partials(out_ptr, acc, tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M), n, M, N, split)
+
+
+@triton.jit
+def _iq4_xs_tiles(
+    x_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+    DEQUANT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq4_xs_groups(d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, row, at, K // 32)
+        acc = _consume_groups(acc, q, scale, g, _nibble_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
+            DEQUANT)  # fmt: skip
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+
+
+@triton.jit
+def gemv_iq4_xs_dot(
+    x_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    wait_for_inputs(PDL)
+    _iq4_xs_tiles(x_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, M, N, K, stride_xm,
+        n_steps, steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_iq4_xs(
+    d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, N, K, n_steps,
+    BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _iq4_xs_tiles(out_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, 0, N, K, 0,
+        n_steps, 1, 16, BLOCK_N, STEP, True)  # fmt: skip
+
+
+@triton.jit
+def gemv_iq3_s(
+    x_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq3_s_groups(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, row, at, K // 32)
+        acc = _group_products(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, M, K, BLOCK_M)
+    store_partials(out_ptr, acc, tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M), n, M, N, split)
+
+
+@triton.jit
+def _iq3_s_tiles(
+    x_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+    DEQUANT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq3_s_groups(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, row, at, K // 32)
+        acc = _consume_groups(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
+            DEQUANT)  # fmt: skip
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+
+
+@triton.jit
+def gemv_iq3_s_dot(
+    x_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    wait_for_inputs(PDL)
+    _iq3_s_tiles(x_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K, stride_xm,
+        n_steps, steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_iq3_s(
+    d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, N, K, n_steps,
+    BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _iq3_s_tiles(out_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, 0, N, K, 0,
+        n_steps, 1, 16, BLOCK_N, STEP, True)  # fmt: skip
+
+
+@triton.jit
+def gemv_iq3_xxs(
+    x_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq3_xxs_groups(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, row, at, K // 32)
+        acc = _group_products(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, M, K, BLOCK_M)
+    store_partials(out_ptr, acc, tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M), n, M, N, split)
+
+
+@triton.jit
+def _iq3_xxs_tiles(
+    x_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+    DEQUANT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq3_xxs_groups(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, row, at, K // 32)
+        acc = _consume_groups(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
+            DEQUANT)  # fmt: skip
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+
+
+@triton.jit
+def gemv_iq3_xxs_dot(
+    x_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    wait_for_inputs(PDL)
+    _iq3_xxs_tiles(x_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+        steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_iq3_xxs(
+    d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, N, K, n_steps,
+    BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+):  # fmt: skip
+    _iq3_xxs_tiles(out_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, 0, N, K, 0, n_steps, 1,
+        16, BLOCK_N, STEP, True)  # fmt: skip
+
+
+@triton.jit
+def gemv_iq2_xxs(
+    x_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq2_xxs_groups(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, row, at, K // 32)
+        acc = _group_products(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, M, K, BLOCK_M)
+    store_partials(out_ptr, acc, tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M), n, M, N, split)
+
+
+@triton.jit
+def _iq2_xxs_tiles(
+    x_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
+):  # fmt: skip
+    n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(first, last):
+        g, at = _steps(step, STEP, K // 32)
+        q, scale = _iq2_xxs_groups(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, row, at, K // 32)
+        acc = _consume_groups(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
+            DEQUANT)  # fmt: skip
+    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+
+
+@triton.jit
+def gemv_iq2_xxs_dot(
+    x_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    wait_for_inputs(PDL)
+    _iq2_xxs_tiles(x_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps,
+        steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
+
+
+@triton.jit
+def dequant_iq2_xxs(
+    d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr
+):
+    _iq2_xxs_tiles(out_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16,
+        BLOCK_N, STEP, True)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Format:
     kernel: Any  # the vector kernel (triton.jit function)
@@ -736,6 +1094,11 @@ FORMATS: dict[GGMLQuantizationType, Format] = {
     Q.Q4_K: Format(gemv_q4_k, gemv_q4_k_dot, dequant_q4_k, 256, 64),
     Q.Q5_K: Format(gemv_q5_k, gemv_q5_k_dot, dequant_q5_k, 256, 64),
     Q.Q6_K: Format(gemv_q6_k, gemv_q6_k_dot, dequant_q6_k, 256, 32),
+    Q.IQ4_NL: Format(gemv_iq4_nl, gemv_iq4_nl_dot, dequant_iq4_nl, 256, 32),
+    Q.IQ4_XS: Format(gemv_iq4_xs, gemv_iq4_xs_dot, dequant_iq4_xs, 256, 32),
+    Q.IQ3_S: Format(gemv_iq3_s, gemv_iq3_s_dot, dequant_iq3_s, 256, 32),
+    Q.IQ3_XXS: Format(gemv_iq3_xxs, gemv_iq3_xxs_dot, dequant_iq3_xxs, 256, 32),
+    Q.IQ2_XXS: Format(gemv_iq2_xxs, gemv_iq2_xxs_dot, dequant_iq2_xxs, 256, 32),
     Q.F32: Format(gemv_float, gemv_float_dot, dequant_float, 128, 1),
     Q.F16: Format(gemv_float, gemv_float_dot, dequant_float, 128, 1),
     Q.BF16: Format(gemv_float, gemv_float_dot, dequant_float, 128, 1),

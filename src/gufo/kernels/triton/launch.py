@@ -78,18 +78,20 @@ def vector_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     return VectorConfig(4, max(FORMATS[qtype].block, min(widest, triton.next_power_of_2(k))), 4)
 
 
-INT8_FORMATS = (Q.Q8_0, Q.Q4_K, Q.Q6_K)  # vector products on int8 activations (gemv_int8.py)
+INT8_FORMATS = tuple(gemv_int8.KERNELS)  # vector products on int8 activations (gemv_int8.py)
 
 
 def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     """Launch shape of the int8 kernels for an [n, k] weight (docs/decisions.md, "int8 product
     shapes"): Q8_0 4 rows x 1024 columns on 2 warps; Q6_K 8 x 2048; Q4_K 8 x 2048 for matrices taller
     than wide (gate/up, qkv), else 4 x 2048 (down, attention output). Q8_0 stays at 1024 columns: its
-    2-row 2048 step compiled with an 8-byte stack frame for sm_90 (Triton 3.6)."""
+    2-row 2048 step compiled with an 8-byte stack frame for sm_90 (Triton 3.6). IQ4_NL/IQ4_XS take
+    Q4_K's shapes (not tuned on their own yet), IQ4_NL with 1024 columns: its 2-row 4 x 2048 tile
+    compiled with an 8-byte stack frame for sm_90 (Triton 3.6)."""
     if qtype == Q.Q8_0:
         rows, step, warps = 4, 1024, 2
     else:
-        rows, step, warps = (8 if qtype == Q.Q6_K or n > k else 4), 2048, 4
+        rows, step, warps = (8 if qtype == Q.Q6_K or n > k else 4), (1024 if qtype == Q.IQ4_NL else 2048), 4
     return VectorConfig(rows, max(FORMATS[qtype].block, min(step, triton.next_power_of_2(k))), warps)
 
 

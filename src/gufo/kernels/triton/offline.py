@@ -10,6 +10,7 @@ AMD targets `torch.version.hip` is set while it runs, so ROCm-only decisions are
 
 from __future__ import annotations
 
+import fnmatch
 import multiprocessing
 import sys
 from collections.abc import Callable
@@ -51,9 +52,12 @@ class Variant:
     kwargs: dict[str, Any]  # constexprs and launch options
 
 
-def variants(target: str, options: KernelOptions = DEFAULT_OPTIONS) -> list[Variant]:
+def variants(
+    target: str, options: KernelOptions = DEFAULT_OPTIONS, first_only: str | None = None
+) -> list[Variant]:
     """The distinct configurations the launch code uses on `target` with the kernels built with
-    `options` (first shape wins for each name)."""
+    `options` (first shape wins for each name); of the kernels whose name matches the glob
+    `first_only`, only the first configuration recorded."""
     recorder = _Recorder()
     gpu = TARGETS[target]
     with (
@@ -64,7 +68,15 @@ def variants(target: str, options: KernelOptions = DEFAULT_OPTIONS) -> list[Vari
         for examples in LAUNCH_EXAMPLES:
             for label in examples(options):
                 recorder.label = label  # the launches made until the next label
-    return list(recorder.found.values())
+    kept, sampled = [], set()
+    for variant in recorder.found.values():
+        name = variant.kernel.__name__
+        if first_only is not None and fnmatch.fnmatchcase(name, first_only):
+            if name in sampled:
+                continue
+            sampled.add(name)
+        kept.append(variant)
+    return kept
 
 
 class _Recorder:
@@ -113,10 +125,12 @@ def compile_all(
     jobs: int = 1,
     progress: Progress | None = None,
     options: KernelOptions = DEFAULT_OPTIONS,
+    first_only: str | None = None,
 ) -> list[tuple[str, Variant, Path]]:
-    """(target, variant, folder) for every variant of every target, the kernels built with `options`;
-    `jobs` > 1 compiles in worker processes (forked, so they share the recorded launches)."""
-    work = [(t, v) for t in targets for v in variants(t, options)]
+    """(target, variant, folder) for every variant of every target (`variants`), the kernels built
+    with `options`; `jobs` > 1 compiles in worker processes (forked, so they share the recorded
+    launches)."""
+    work = [(t, v) for t in targets for v in variants(t, options, first_only)]
     results: list[tuple[str, Variant, Path]] = []
 
     def done(target: str, variant: Variant, folder: Path) -> None:

@@ -27,7 +27,7 @@ from gufo.kernels.triton.elementwise import (
 from gufo.kernels.triton.gemv import TritonLinear
 from gufo.kernels.triton.gemv_kernels import FORMATS
 from gufo.kernels.triton.launch import MAX_BLOCK_M, gemv
-from gufo.kernels.triton.planes import TritonWeight, split_fields
+from gufo.kernels.triton.planes import TritonWeight, weight_planes
 from gufo.kernels.triton.prefill_gemm import PREFILL_DTYPE
 from gufo.options import KernelOptions
 
@@ -44,7 +44,7 @@ SMALL_SHAPES = ((640, 1024), (640, 2048))
 def meta_weight(qtype: GGMLQuantizationType, n: int, k: int) -> TritonWeight:
     elements, nbytes = block_shape(qtype)
     raw = torch.empty(n, k // elements * nbytes, dtype=torch.uint8, device="meta")
-    return TritonWeight(qtype, (n, k), split_fields(qtype, raw))
+    return TritonWeight(qtype, (n, k), weight_planes(qtype, raw))
 
 
 def linear_examples(options: KernelOptions) -> Iterator[str]:

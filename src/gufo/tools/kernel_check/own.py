@@ -28,9 +28,11 @@ def own_kernels(
     block_size: int | None = None,
     progress: Progress | None = None,
     options: KernelOptions | None = None,
+    first_only: str | None = None,
 ) -> tuple[list[Kernel], list[str]]:
     """Every launch variant of every target, the kernels built with `options` (the defaults when None),
-    compiled (into `keep`, else a temporary folder) and read."""
+    compiled (into `keep`, else a temporary folder) and read; of the kernels matching the glob
+    `first_only`, only their first variant."""
     from gufo.kernels import triton as triton_kernels
 
     if not triton_kernels.AVAILABLE:
@@ -54,7 +56,7 @@ def own_kernels(
     warnings: list[str] = []
     with holder as cache:
         compiled = offline.compile_all(
-            list(dict.fromkeys(targets)), Path(cache), jobs, progress, options or KernelOptions()
+            list(dict.fromkeys(targets)), Path(cache), jobs, progress, options or KernelOptions(), first_only
         )
         for _, variant, folder in compiled:
             found, notes = read_path(folder, block_size)

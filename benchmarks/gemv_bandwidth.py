@@ -1,0 +1,160 @@
+"""Decode product bandwidth per weight format: the one-row product y = x @ W^T through the engine's Triton
+kernel (TritonLinear, default KernelOptions), as bytes of the GGUF weight over the time of one product,
+next to the device's copy bandwidth (a large tensor copy: bytes read + written over its time).
+
+Weights are random valid blocks (gufo.formats.random_blocks) uploaded by `TritonLinear.prepare`; each
+product is timed inside a CUDA graph (as decode runs them) cycling through enough copies of the weight
+that the L2 cache holds none of them (median of triton.testing.do_bench_cudagraph). Prints a JSON list of
+rows {format, N, K, path, us, gbps, copy_gbps, fraction_of_copy} and a markdown table (path: the
+product's activations, int8 or float32); --json also writes the rows.
+
+    python benchmarks/gemv_bandwidth.py --json out.json            # a GPU, about a minute
+    python benchmarks/gemv_bandwidth.py --device cpu --tiny         # smoke check: the Triton interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+FORMATS = ["IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_XXS", "Q4_K", "Q6_K", "Q8_0"]
+SHAPES = [(4096, 4096), (4096, 12288), (12288, 4096)]  # (N, K): Qwen3-8B's attention output, down, up
+TINY_SHAPES = [(8, 512)]
+L2_BYTES = 60 * 2**20  # H200: 50 MiB; each timed pass reads several times this
+COPY_BYTES = 2**30  # the copy bandwidth's tensor
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--formats", nargs="+", default=FORMATS, help=f"GGUF types (default {' '.join(FORMATS)})"
+    )
+    parser.add_argument(
+        "--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the Triton interpreter"
+    )
+    parser.add_argument("--tiny", action="store_true", help=f"tiny shapes {TINY_SHAPES} (smoke check)")
+    parser.add_argument("--json", help="also write the rows to this file")
+    return parser.parse_args()
+
+
+def copies_for(nbytes: int) -> int:
+    """Weight copies read in turn so that the L2 holds none of them when it is read again."""
+    return max(1, min(32, math.ceil(3 * L2_BYTES / nbytes)))
+
+
+def median_seconds(calls: list[Callable[[], Any]], device: str) -> float:
+    """Median time of one call: replays of a CUDA graph of all the calls on a GPU, wall time on the CPU."""
+
+    def run_all() -> None:
+        for call in calls:
+            call()
+
+    run_all()  # compile before capture
+    if device == "cpu":
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            run_all()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) / len(calls)
+    import torch
+    import triton
+
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(run_all, rep=50, return_mode="median") * 1e-3 / len(calls)
+
+
+def copy_gbps(device: str, nbytes: int) -> float:
+    """Device copy bandwidth: a tensor of nbytes copied into another, (read + write) bytes per second."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / median_seconds([lambda: dst.copy_(src)], device) / 1e9
+
+
+def bench(qtype_name: str, n: int, k: int, device: str, copy: float) -> dict[str, Any]:
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType
+
+    from gufo.formats import block_shape
+    from gufo.formats.random_blocks import random_blocks
+    from gufo.gguf.model_file import TensorInfo
+    from gufo.kernels.triton.gemv import TritonLinear
+    from gufo.kernels.triton.launch import int8_activations
+    from gufo.options import KernelOptions
+
+    qtype = GGMLQuantizationType[qtype_name]
+    elements, _ = block_shape(qtype)
+    blocks = random_blocks(qtype, n * k // elements, np.random.default_rng(0)).reshape(n, -1)
+    info = TensorInfo("w", qtype, (n, k), 0, blocks.nbytes, blocks)
+    linear = TritonLinear(KernelOptions())
+    copies = copies_for(blocks.nbytes) if device == "cuda" else 1  # no L2 to dodge in the interpreter
+    weights = [linear.prepare(info, torch.device(device)) for _ in range(copies)]
+    x = torch.randn(1, k, device=device, generator=torch.Generator(device).manual_seed(0))
+    seconds = median_seconds([lambda w=w: linear.apply(x, w) for w in weights], device)
+    gbps = blocks.nbytes / seconds / 1e9
+    path = "int8" if int8_activations(x, weights[0], linear.int8_min_weights) else "float32"
+    return {
+        "format": qtype_name,
+        "N": n,
+        "K": k,
+        "path": path,
+        "us": seconds * 1e6,
+        "gbps": gbps,
+        "copy_gbps": copy,
+        "fraction_of_copy": gbps / copy,
+    }
+
+
+def markdown(rows: list[dict[str, Any]], copy: float) -> str:
+    lines = [
+        f"copy bandwidth: {copy:.0f} GB/s",
+        "",
+        "| format | N x K | path | us | GB/s | of copy |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = (
+            r["format"],
+            f"{r['N']}x{r['K']}",
+            r["path"],
+            f"{r['us']:.2f}",
+            f"{r['gbps']:.0f}",
+            f"{r['fraction_of_copy']:.0%}",
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.device == "cpu":  # before Triton is first imported: it picks the interpreter at decoration
+        os.environ["TRITON_INTERPRET"] = "1"
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+        from triton_interpreter import fix_interpreter_loop_bounds  # Triton 3.6 on numpy 2.4
+
+        fix_interpreter_loop_bounds()
+    copy = copy_gbps(args.device, 2**24 if args.tiny else COPY_BYTES)
+    rows = [
+        bench(name, n, k, args.device, copy)
+        for name in args.formats
+        for n, k in (TINY_SHAPES if args.tiny else SHAPES)
+    ]
+    print(json.dumps(rows, indent=1))
+    print(markdown(rows, copy))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
