@@ -29,6 +29,18 @@ HOST_OPS = ("cpu_op", "user_annotation")  # Kineto's activity types of torch ops
 DEVICE_ACTIVITIES = {"kernel": OTHER, "gpu_memcpy": COPY, "gpu_memset": COPY}  # -> their stage outside ranges
 
 
+def activity(event: Any) -> str:
+    """Kineto's activity type of `event`. torch 2.11 (the GPU machines') has no `activity_type()`: there
+    it is told from the device and the names CUPTI gives copies ("Memcpy HtoD ...") and fills
+    ("Memset ...")."""
+    if hasattr(event, "activity_type"):
+        return event.activity_type()
+    if event.device_type().name == "CPU":
+        return "cpu_op"
+    name = event.name()
+    return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+
+
 def repetition_range(sequence: int, repetition: int) -> str:
     """The name of the range around repetition `repetition` of the `sequence`-th test of a run (from 1)."""
     return f"{REPETITION_PREFIX}{sequence}/{repetition}"
@@ -166,11 +178,11 @@ def _device_kernels(
     """Each device kernel to the stage range its launching host op ran in; each pass's idle time."""
     # a kernel links to the host op (or range) it was launched in; the launch calls' own correlation ids
     # (CUPTI's) are another numbering
-    ops = (e for e in host if e.activity_type() in HOST_OPS)
+    ops = (e for e in host if activity(e) in HOST_OPS)
     launched_at = {e.correlation_id(): (e.start_thread_id(), e.start_ns()) for e in ops}
     busy: dict[int, list[tuple[int, int]]] = {}  # id(pass range) -> its kernels' intervals
     for event in events:
-        outside = DEVICE_ACTIVITIES.get(event.activity_type())
+        outside = DEVICE_ACTIVITIES.get(activity(event))
         where = launched_at.get(event.linked_correlation_id())
         if event.device_type().name == "CPU" or outside is None or where is None or where[0] not in roots:
             continue
