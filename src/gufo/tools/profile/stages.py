@@ -38,7 +38,9 @@ def activity(event: Any) -> str:
     if event.device_type().name == "CPU":
         return "cpu_op"
     name = event.name()
-    return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+    if name.startswith("Memcpy"):
+        return "gpu_memcpy"
+    return "gpu_memset" if name.startswith("Memset") else "kernel"
 
 
 def repetition_range(sequence: int, repetition: int) -> str:
