@@ -19,17 +19,22 @@ f32-prefill and recurrent swap one module attribute of the library for the run (
 Reading it: int8 activation rounding is discontinuous, so any float difference between the two paths
 (float16 prefill operands, the chunked delta rule's summation order, attention's) flips some roundings by
 a whole step, and the flips compound over the layers (docs/decisions.md, "int8 activations only for large
-matrices"). On the CPU (int8 activations for every quantized matrix) the 0.8B synth file gives cosine
-0.9946 with the chunked form, 0.9970 with the recurrent form in prefill, while float32 activations keep
-the last layer's hidden state within 1.4e-5 (relative) of decode; a dense qwen3 0.6B synth file gives
-max_abs_diff 0 there (its CPU prefill runs the fused decode layer: bit-identical). Expected here: the
-variants with int8 activations near 0.99 on the 27B file, float-act and float-act+f32-prefill+recurrent
-at or above 0.999.
+matrices"). On the CPU (int8 activations for every quantized matrix) the 0.8B synth file gave cosine
+0.9954 with the batched layers (0.9970 with the recurrent form in their prefill), while float32
+activations kept the last layer's hidden state within 1.4e-5 (relative) of decode; the CPU now prefills
+the hybrid token by token between batched products (docs/decisions.md, "CPU prefill of the hybrid runs
+token by token"): max_abs_diff 0, as the dense models. The GPU keeps the batched layers. Expected here:
+the variants with int8 activations near 0.99 on the 27B file, float-act and
+float-act+f32-prefill+recurrent at or above 0.999.
 
 On the GPU:
 
-    python scripts/q35_validate.py qwen35-27b-synth-Q4_K_M.gguf
-    python scripts/q35_validate.py qwen35-0.8b-synth-Q4_K_M.gguf --variants default,float-act
+    python scripts/q35_validate.py qwen35-0.8b-synth-Q4_K_M.gguf
+    python scripts/q35_validate.py qwen35-27b-synth-Q4_K_M.gguf --variants default,eager,float-act,int8-all
+    python scripts/q35_validate.py qwen35-27b-synth-Q4_K_M.gguf \
+        --variants f32-prefill,recurrent,f32-prefill+recurrent,float-act+f32-prefill+recurrent
+
+(each variant loads the model again: the 27B's eight take several minutes, hence two runs).
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def write_gguf(
 ) -> Path:
     """Write `model` as a qwen35 / qwen3next / qwen35moe GGUF with a toy SentencePiece-style vocabulary.
     With F16 matrices the model's matrices are first rounded to float16 in place, so both sides run the
-    same weights."""
+    same weights; Q8_0 matrices (the gguf package's quantizer) run on the CPU's int8 kernel."""
     cfg = model.config
     if matrix_type == gguf.GGMLQuantizationType.F16:
         with torch.no_grad():
@@ -212,9 +212,14 @@ def write_gguf(
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
     for name, data in converted_tensors(model).items():
-        if data.ndim >= 2 and "ssm_conv1d" not in name:  # the converter keeps the conv kernel float32
-            data = data.astype(np.float16 if matrix_type == gguf.GGMLQuantizationType.F16 else np.float32)
-        writer.add_tensor(name, data)
+        if data.ndim < 2 or "ssm_conv1d" in name:  # the converter keeps the conv kernel float32
+            writer.add_tensor(name, data)
+        elif matrix_type == gguf.GGMLQuantizationType.Q8_0:
+            writer.add_tensor(name, gguf.quants.quantize(data, matrix_type), raw_dtype=matrix_type)
+        else:
+            writer.add_tensor(
+                name, data.astype(np.float16 if matrix_type == gguf.GGMLQuantizationType.F16 else np.float32)
+            )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

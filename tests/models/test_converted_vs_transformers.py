@@ -166,6 +166,21 @@ def test_moe_decode_steps_match_transformers(converted, backend):
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+def test_hybrid_decode_steps_match_transformers_at_every_position(request, converted):
+    """One-token steps carry the recurrent state (conv window, delta-rule matrices) from step to step;
+    each step's logits must be transformers' for the whole sequence up to it. Dense models' decode is
+    tied to their prefill by test_validate_prefill_passes."""
+    if request.node.callspec.params["converted"] not in HYBRIDS:
+        pytest.skip("dense model")
+    model, path = converted
+    ids = tokens(model.config.vocab_size)
+    engine = Engine(path, context=SEQ)
+    got = torch.stack([engine.decode(int(t), i) for i, t in enumerate(ids)]).float()
+    want = hf_logits(model, ids)
+    assert float((got - want).abs().max()) <= TOLERANCE
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
 @pytest.mark.parametrize("device", ["cpu", ON_GPU])
 def test_validate_prefill_passes(converted, device):
     """On the GPU: decode steps replayed from CUDA graphs against chunked prefill."""

@@ -154,9 +154,10 @@ class Engine:
     @property
     def invariant_prefill(self) -> bool:
         """Whether prefill runs through the batch-invariant decode route, which takes any number of tokens
-        (the CPU's fused decode layer): then a token's logits and KV depend only on the tokens up to it,
-        never on how its prompt was chunked, which prefix was cached or which rows shared a pass, and
-        equal a one-token decode step's (docs/decisions.md, "CPU prefill runs the fused decode layer")."""
+        (the CPU's fused decode layer, qwen35's token-by-token layers): then a token's logits and KV
+        depend only on the tokens up to it, never on how its prompt was chunked, which prefix was cached
+        or which rows shared a pass, and equal a one-token decode step's (docs/decisions.md, "CPU prefill
+        runs the fused decode layer", "CPU prefill of the hybrid runs token by token")."""
         route = self.model.decode_route
         return route.batch_invariant and route.max_tokens is None and not self.model.prefill_taps
 

@@ -41,6 +41,9 @@ class Kernel(Protocol):
 
 
 class LinearKernel(Kernel, Protocol):
+    # a row's result depends on that row alone, never on the other rows of the call (nor their number)
+    batch_invariant: bool = False
+
     def prepare(self, info: TensorInfo) -> Any:
         """The weight as the kernel reads it (made once, at load)."""
         ...

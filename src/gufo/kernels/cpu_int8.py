@@ -103,6 +103,7 @@ class CpuInt8Linear(LinearKernel):
     """Registered for every quantized qtype on the `cpu` backend."""
 
     name = "cpu-int8-avx2"
+    batch_invariant = True  # each row quantized on its own, each output a fixed-order sum over K
 
     @staticmethod
     def available() -> bool:

@@ -10,11 +10,12 @@ one verification pass of the pending token and the draft, whose tokens are poste
 the job ends (end-of-generation, a stop id or max_tokens), so nothing past its end is ever posted.
 
 A request's output depends on the request alone, never on what else runs or was cached. Where the
-engine's prefill is batch-invariant (`Engine.invariant_prefill`: the CPU's fused layer) any cached
-prefix gives the numbers a fresh prefill would. Elsewhere a token's numbers depend on the prefill chunk
-it was in, so chunks start at multiples of `prefill_chunk` (absolute positions) and a request reuses
-only KV that its own fresh prefill would compute in the same chunks: whole chunks of prefilled tokens,
-never decoded ones (docs/decisions.md, "Greedy output is a function of the request alone").
+engine's prefill is batch-invariant (`Engine.invariant_prefill`: the CPU's fused layer, or the hybrid's
+token-by-token layers) any cached prefix gives the numbers a fresh prefill would. Elsewhere a token's
+numbers depend on the prefill chunk it was in, so chunks start at multiples of `prefill_chunk` (absolute
+positions) and a request reuses only KV that its own fresh prefill would compute in the same chunks:
+whole chunks of prefilled tokens, never decoded ones (docs/decisions.md, "Greedy output is a function of
+the request alone").
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.kernels import backends, registry
 from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE
-from gufo.models.base import DecoderLayer, DecoderModel, DecodeRoute, ModelConfig, SelfAttention
+from gufo.kernels.positions import TokenPositions
+from gufo.models.base import DecoderLayer, DecoderModel, DecodeRoute, GatedFFN, ModelConfig, SelfAttention
 from gufo.models.kv_cache import KVCache
 from gufo.models.layers import (
     DevicePosition,
@@ -128,6 +129,9 @@ class GatedDeltaNet:
         """Key heads [T, key_heads, D] -> one per value head, in the file's value-head order."""
         return t.repeat(1, per_key, 1) if self.tiled_value_heads else t.repeat_interleave(per_key, 1)
 
+    def linears(self) -> list[Linear]:
+        return [*self.in_proj.parts, self.out]
+
     def __call__(
         self,
         x: torch.Tensor,
@@ -135,12 +139,33 @@ class GatedDeltaNet:
         cache: KVCache,
         layer: int,
         slot: int,
-        start_pos: int | DevicePosition,
+        start_pos: int | DevicePosition | TokenPositions,
     ) -> torch.Tensor:
-        s, n = self.shape, x.shape[0]
+        """With `TokenPositions` each token after the (batched) input projections runs the mixer as its
+        own one-token step would, conv and delta-rule state advanced token by token."""
         state = cache.recurrent
-        qkv, z, b, a = self.project(x)
-        mixed = F.silu(self.conv.apply(qkv, state.conv[layer][slot], self.conv_weight))
+        conv, delta = state.conv[layer][slot], state.delta[layer][slot]
+        projected = self.project(x)
+        if isinstance(start_pos, TokenPositions):
+            rows = [self.mix(*(p[t : t + 1] for p in projected), conv, delta) for t in range(x.shape[0])]
+            out = torch.cat(rows)
+        else:
+            out = self.mix(*projected, conv, delta)
+        return self.out(out)
+
+    def mix(
+        self,
+        qkv: torch.Tensor,
+        z: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        conv: torch.Tensor,
+        delta: torch.Tensor,
+    ) -> torch.Tensor:
+        """Projected rows -> the output projection's input [T, value_heads * value_dim], advancing the
+        slot's conv window and delta-rule state."""
+        s, n = self.shape, qkv.shape[0]
+        mixed = F.silu(self.conv.apply(qkv, conv, self.conv_weight))
         q, k, v = mixed.split(
             [s.key_heads * s.key_dim, s.key_heads * s.key_dim, s.value_heads * s.value_dim], -1
         )
@@ -150,9 +175,9 @@ class GatedDeltaNet:
             q, k = (self._per_value_head(t, s.value_heads // s.key_heads) for t in (q, k))
         g = self.a * F.softplus(a + self.dt_bias)
         v = v.reshape(n, s.value_heads, s.value_dim)
-        out = self.delta_rule.apply(q, k, v, g, torch.sigmoid(b), state.delta[layer][slot], s.key_dim**-0.5)
+        out = self.delta_rule.apply(q, k, v, g, torch.sigmoid(b), delta, s.key_dim**-0.5)
         out = self.norm(out) * F.silu(z.reshape(n, s.value_heads, s.value_dim))
-        return self.out(out.reshape(n, -1))
+        return out.reshape(n, -1)
 
 
 class GatedAttention(SelfAttention):
@@ -251,8 +276,33 @@ class Qwen35Model(DecoderModel):
 
     @functools.cached_property
     def decode_route(self) -> DecodeRoute:
-        """The torch layers: the fused decode kernels take attention layers only."""
+        """The torch layers (the fused decode kernels take attention layers only). On the CPU, when every
+        product is batch-invariant (the int8 kernel) and the FFNs are dense, they take any number of
+        tokens, each computed as its own one-token step would be: attention per token over the cache,
+        the DeltaNet mixer token by token between batched products. Prefill then runs them too and
+        equals decode bit for bit (docs/decisions.md, "CPU prefill of the hybrid runs token by token")."""
+        if self.backend == "cpu" and self._batch_invariant_layers():
+            return DecodeRoute("cpu:torch-layer-per-token", self._token_steps, True, None, False)
         return self.torch_layers_route()
+
+    def _batch_invariant_layers(self) -> bool:
+        mixers = [self.layers[i].attn for i in self.recurrent_layers]
+        linears = [*self._linears(), *(linear for mixer in mixers for linear in mixer.linears())]
+        dense = all(isinstance(layer.ffn, GatedFFN) for layer in self.layers)
+        return dense and all(linear.kernel.batch_invariant for linear in linears)
+
+    def _token_steps(
+        self,
+        index: int,
+        x: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: KVCache,
+        slot: int,
+        start_pos: int | DevicePosition,
+    ) -> torch.Tensor:
+        if isinstance(start_pos, int) and x.shape[0] > 1:
+            start_pos = TokenPositions(start_pos)
+        return self.layers[index](x, rope_tables, cache, index, slot, start_pos)
 
     def block(
         self,
@@ -265,7 +315,10 @@ class Qwen35Model(DecoderModel):
         per_token: bool = False,
     ) -> torch.Tensor:
         layer = self.layers[index]
-        return layer(x, tables.get(layer.attn.rope), cache, index, slot, start_pos)
+        rope_tables = tables.get(layer.attn.rope)
+        if x.shape[0] == 1 or per_token:
+            return self.decode_route.step(index, x, rope_tables, cache, slot, start_pos)
+        return layer(x, rope_tables, cache, index, slot, start_pos)
 
     def final_hidden(
         self,
