@@ -120,7 +120,8 @@ def xgrammar_reason(err: Exception) -> str:
 
 
 class TokenConstraint:
-    """One request's matcher: `mask` the logits before sampling, then `accept` the sampled token."""
+    """One request's matcher: `mask` the logits before sampling, then `accept` the sampled token;
+    speculative decoding also tries drafted tokens (`advance`) and takes them back (`rollback`)."""
 
     def __init__(self, grammar: xgrammar.CompiledGrammar, vocab_size: int):
         self._matcher = xgrammar.GrammarMatcher(grammar)
@@ -139,3 +140,18 @@ class TokenConstraint:
     def accept(self, token: int) -> None:
         if not self._matcher.is_terminated() and not self._matcher.accept_token(token):
             raise RuntimeError(f"token {token} breaks the grammar")  # a masked sampler never draws one
+
+    @property
+    def ended(self) -> bool:
+        """The grammar's end-of-generation token was accepted: nothing may follow."""
+        return self._matcher.is_terminated()
+
+    def advance(self, token: int) -> bool:
+        """Accept `token` if the grammar allows it here; False (the state unchanged) if not. Speculation
+        checks drafted tokens so, then `rollback`s them."""
+        return not self._matcher.is_terminated() and self._matcher.accept_token(token)
+
+    def rollback(self, count: int) -> None:
+        """Undo the last `count` accepted tokens (xgrammar keeps the whole history)."""
+        if count:
+            self._matcher.rollback(count)
