@@ -3,21 +3,26 @@ distribution of sampled speculation (chi-square against the target distribution)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
+import jsonschema
 import pytest
 import torch
 from scripted_proposer import check_rejections_leave_plain_state
 from tiny_model import VOCAB, write_tiny_model
 
+from gufo.engine.constraint import GrammarCompiler, TokenConstraint
 from gufo.engine.engine import Engine
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.engine.speculative import (
+    Draft,
     NgramProposer,
     SpeculativeParams,
     SpeculativeStats,
     Speculator,
     accept_or_resample,
+    grammatical_prefix,
 )
 from gufo.kernels.decode import CpuDecodeLayer
 
@@ -148,3 +153,95 @@ def test_sampled_speculation_end_to_end_matches_the_model(tmp_path):
         total.add(speculator.stats)
     assert 0 < total.accepted < total.drafted  # both kept and rejected drafts took part
     assert chi_square_pvalue(counts, marginal) > 1e-3
+
+
+# The tiny vocabulary's pieces are "t0".."t28" (ids 3..31). This grammar is pairs: id 5 or 6, then id 8
+# or 12 ("t25" is "t2" and then "5", which nothing continues), end-of-generation (id 2) after a pair.
+TINY_GRAMMAR = 'root ::= (("t2" | "t3") ("t5" | "t9"))+'
+FIRST, SECOND, EOG = [5, 6], [8, 12], 2
+
+
+def tiny_grammar(engine: Engine) -> Callable[[], TokenConstraint]:
+    """A fresh matcher of TINY_GRAMMAR per call (compiled once)."""
+    compiler = GrammarCompiler(engine.tokenizer)
+    grammar = compiler.ebnf(TINY_GRAMMAR)
+    return lambda: TokenConstraint(grammar, compiler.vocab_size)
+
+
+def allowed_ids(constraint: TokenConstraint) -> list[int]:
+    return torch.isfinite(constraint.mask(torch.zeros(VOCAB))).nonzero().flatten().tolist()
+
+
+def keeps_the_pairs(tokens: list[int]) -> bool:
+    """The hand-written oracle of TINY_GRAMMAR over a (possibly unfinished) output."""
+    body = tokens[:-1] if tokens[-1:] == [EOG] and len(tokens) % 2 == 1 else tokens
+    return all(t in FIRST for t in body[0::2]) and all(t in SECOND for t in body[1::2])
+
+
+def test_a_draft_ends_at_the_first_token_the_grammar_rejects(tmp_path):
+    engine = Engine(write_tiny_model(tmp_path / "tiny.gguf"), context=64)
+    constraint = tiny_grammar(engine)()
+    assert allowed_ids(constraint) == FIRST
+    assert grammatical_prefix(Draft([5, 12, 6, 6, 8]), constraint).tokens == [5, 12, 6]
+    assert grammatical_prefix(Draft([12, 5]), constraint).tokens == []
+    q = [torch.full((VOCAB,), 1 / VOCAB, dtype=torch.float64)] * 4
+    kept = grammatical_prefix(Draft([5, 8, EOG, 6], q), constraint)
+    assert kept.tokens == [5, 8, EOG] and len(kept.probs) == 3  # nothing after the end
+    assert allowed_ids(constraint) == FIRST  # the matcher is where it was
+
+
+def masked_softmax(logits: torch.Tensor, allowed: list[int]) -> torch.Tensor:
+    """The hand-computed oracle: the target's softmax restricted to the grammar's tokens, renormalised."""
+    probs = torch.zeros(VOCAB, dtype=torch.float64)
+    probs[allowed] = torch.softmax(logits.double()[allowed], -1)
+    return probs
+
+
+def test_constrained_sampled_speculation_matches_the_masked_model(tmp_path):
+    """Sampled ngram speculation under a grammar, on the tiny model: drafts the grammar rejects are cut,
+    the rest verified against the masked, renormalised target, so every output keeps the grammar and
+    the second token's frequencies match sum_t1 p'(t1) p'(t2 | t1), p' the model's distribution
+    restricted to the tokens the grammar allows there."""
+    engine = Engine(write_tiny_model(tmp_path / "tiny.gguf"), context=64)
+    prompt = [1, 5, 12, 6, 8, 5, 12, 6, 8, 6, 12, 5, 12]  # ngram drafts of valid pairs, some cut
+    first = masked_softmax(engine.prefill(prompt), FIRST)
+    marginal = torch.zeros(VOCAB, dtype=torch.float64)
+    for t1 in FIRST:
+        engine.prefill(prompt)
+        marginal += first[t1] * masked_softmax(engine.decode(t1, len(prompt)), SECOND)
+    speculator = Speculator(engine, NgramProposer(SpeculativeParams("ngram", draft_max=3, ngram_min=1)))
+    counts, total, constraint = torch.zeros(VOCAB), SpeculativeStats(), tiny_grammar(engine)
+    for seed in range(400):  # CI time: the accept rule itself is tested with 24000 draws above
+        params = SamplingParams(temperature=1.0, seed=seed, **PLAIN)
+        result = speculator.generate(prompt, 4, params, constraint=constraint())
+        assert keeps_the_pairs(result.generated_ids), result.generated_ids
+        counts[result.generated_ids[1]] += 1
+        total.add(speculator.stats)
+    assert 0 < total.accepted < total.drafted
+    assert chi_square_pvalue(counts, marginal) > 1e-3
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "maximum": 120}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+PEOPLE = 'Person: {"name": "Ada", "age": 36}\nPerson: {"name": "Ada", "age": 36}\nPerson: '
+
+
+def test_constrained_greedy_speculation_equals_constrained_plain_decoding(real_engine):
+    """Under a JSON schema, greedy ngram speculation gives plain constrained decoding's tokens (whose
+    text the schema validates, `jsonschema` the oracle) with drafts kept, those past the object's end
+    cut by the grammar."""
+    engine = real_engine
+    compiler = GrammarCompiler(engine.tokenizer)
+    grammar = compiler.json_schema(PERSON)
+    prompt = engine.tokenizer.encode(PEOPLE, add_special=True, parse_special=False)
+    plain = engine.generate(prompt, 20, GREEDY, constraint=TokenConstraint(grammar, compiler.vocab_size))
+    assert plain.stopped_by == "eog"
+    jsonschema.validate(json.loads(engine.tokenizer.decode(plain.generated_ids[:-1])), PERSON)
+    speculator = Speculator(engine, NgramProposer(SpeculativeParams("ngram", draft_max=4)))
+    constraint = TokenConstraint(grammar, compiler.vocab_size)
+    assert speculator.generate(prompt, 20, GREEDY, constraint=constraint).generated_ids == plain.generated_ids
+    assert speculator.stats.accepted > 0

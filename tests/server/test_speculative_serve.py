@@ -1,11 +1,14 @@
 """`gufo serve --speculative`: through the official openai client, greedy output equals the same server
-without speculation token for token (the oracle), with drafts accepted per the metrics; max_tokens,
-stop strings and streaming behave as without it; bad flag combinations are one line and exit 2."""
+without speculation token for token (the oracle), with drafts accepted per the metrics, also under a
+JSON schema or a required tool call (whose output `jsonschema` validates); max_tokens, stop strings and
+streaming behave as without it; bad flag combinations are one line and exit 2."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
+import jsonschema
 import pytest
 
 from gufo.engine.speculative import SpeculativeParams
@@ -13,6 +16,7 @@ from gufo.kernels.decode import CpuDecodeLayer
 from gufo.server.settings import ServerSettings
 from tests.conftest import gufo
 from tests.server.conftest import MODEL, live_server, load_engine
+from tests.server.test_structured import PARAMETERS, TOOLS, WEATHER
 
 pytestmark = pytest.mark.skipif(not CpuDecodeLayer.available(), reason="needs AVX2 and a C compiler")
 
@@ -24,7 +28,7 @@ DRAFTED = "gufo_draft_tokens_total"
 
 
 def settings(**speculation) -> ServerSettings:
-    return ServerSettings(MODEL, max_tokens=32, **speculation)
+    return ServerSettings(MODEL, max_tokens=48, **speculation)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +113,51 @@ def test_sampled_requests_honor_max_tokens_and_the_seed(ngram, seed):
     assert count == 16 if finish == "length" else count <= 16 and finish == "stop", (count, finish)
 
 
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "maximum": 120}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+COPY = [{"role": "user", "content": 'Repeat this JSON: {"name": "Ada", "age": 36}'}]  # ngram drafts it
+
+
+def person(server, **sampling) -> tuple[str, list[tuple[str, float]]]:
+    """The text of a schema-constrained reply (validated by `jsonschema`) and its tokens' logprobs."""
+    reply = server.client().chat.completions.create(
+        model=MODEL, messages=COPY, response_format=PERSON_FORMAT, max_tokens=32, logprobs=True, **sampling
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop", choice  # the grammar ended the reply
+    jsonschema.validate(json.loads(choice.message.content), PERSON)
+    return choice.message.content, [(t.token, t.logprob) for t in choice.logprobs.content]
+
+
+def required_call(server, **sampling) -> tuple[str, dict]:
+    reply = server.client().chat.completions.create(
+        model=MODEL, messages=WEATHER, tools=TOOLS[:1], tool_choice="required", max_tokens=48, **sampling
+    )
+    assert reply.choices[0].finish_reason == "tool_calls"
+    (call,) = reply.choices[0].message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, PARAMETERS[call.function.name])
+    return call.function.name, arguments
+
+
+def test_constrained_greedy_equals_plain_serving(plain, ngram):
+    """The draft keeps to the grammar and verification masks the target: greedy output is plain
+    constrained serving's, token for token, with drafts kept."""
+    accepted_before = ngram.metric(ACCEPTED)
+    assert person(ngram, temperature=0) == person(plain, temperature=0)
+    assert ngram.metric(ACCEPTED) > accepted_before
+    assert required_call(ngram, temperature=0) == required_call(plain, temperature=0)
+
+
+def test_constrained_sampled_output_keeps_the_grammar(ngram):
+    person(ngram, temperature=1.0, seed=4)  # the target's masked distribution, the accept rule exact
+
+
 def concurrent_texts(server, prompts: list[str]) -> list[str]:
     with ThreadPoolExecutor(len(prompts)) as pool:
         return [reply.choices[0].text for reply in pool.map(lambda p: complete(server, p), prompts)]
@@ -127,6 +176,9 @@ def test_draft_model_serving_equals_plain_serving(plain):
     with live_server(settings(**spec), lambda: load_engine(2)) as draft:
         assert concurrent_texts(draft, [REPETITIVE, OTHER]) == expected
         assert draft.metric(ACCEPTED) > 0
+        # The draft model drafts within the grammar (its distribution masked as the target's is).
+        assert person(draft, temperature=0) == person(plain, temperature=0)
+        person(draft, temperature=1.0, seed=5)
 
 
 @pytest.mark.parametrize(

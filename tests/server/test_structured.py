@@ -1,12 +1,13 @@
 """Structured output and tool calling through the official openai client against the real server and
 smollm2's own chat template: every output validates against its schema with the `jsonschema` package
 (the oracle), greedy and sampled, and concurrently; constrained tool calls name a given function and
-their arguments validate; a stream gives the same calls as a whole reply; bad schemas are 400s naming
-the field."""
+their arguments validate; a stream gives the same calls as a whole reply; json_object numbers are ones
+a double holds; bad schemas are 400s naming the field."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,6 +15,7 @@ import jsonschema
 import pytest
 
 from gufo.server.settings import ServerSettings
+from tests.engine.test_json_object import number_literals, survives_a_double
 from tests.server.conftest import MODEL, assert_error, live_server, load_engine
 
 CHAT = "/v1/chat/completions"
@@ -133,16 +135,28 @@ def test_json_schema_output_validates_greedy_and_sampled_concurrently(server):
             jsonschema.validate(json.loads(future.result()), SCHEMAS[name])
 
 
-def test_json_object_output_is_an_object(server):
+def json_object(server, prompt: str) -> str:
+    """The content of a greedy json_object reply, which the grammar ended (not max_tokens)."""
     reply = server.client().chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "Give two colors and their counts as JSON."}],
+        messages=[{"role": "user", "content": prompt}],
         max_tokens=MAX_TOKENS,
         temperature=0,
         response_format={"type": "json_object"},
     )
     assert reply.choices[0].finish_reason == "stop"
-    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    return reply.choices[0].message.content
+
+
+def test_json_object_output_is_an_object(server):
+    assert isinstance(json.loads(json_object(server, "Give two colors and their counts as JSON.")), dict)
+
+
+def test_json_object_numbers_are_ones_a_double_holds(server):
+    """Asked for 40 decimals of pi, the model gets the 15 digits a double holds: `json` reads the literal
+    back, equal to pi to 15 significant digits (math.pi the oracle), and the object closes."""
+    literals = number_literals(json_object(server, "Give the value of pi to 40 decimal places as JSON."))
+    assert format(math.pi, ".15g") in literals and all(survives_a_double(x) for x in literals), literals
 
 
 def calls_of(message) -> list[tuple[str, dict]]:

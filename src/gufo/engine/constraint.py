@@ -50,6 +50,36 @@ def unenforced_keyword(schema: Any, path: str = "") -> str | None:
     return None
 
 
+# OpenAI's json_object: any JSON object (xgrammar's built-in JSON grammar would allow any value), on one
+# line with the separators json_schema output has, its numbers ones a double holds (JSON parsers read
+# numbers as IEEE doubles; I-JSON, RFC 7493, asks for no more): at most DBL_DIG = 15 digits in all, so
+# every integer is exact and every decimal survives the round trip, and an exponent of at most 2 digits,
+# so none overflows or underflows. Unbounded, a small model can write one number until max_tokens
+# (smollm2, asked for 40 decimals of pi). json_schema keeps xgrammar's schema semantics, unbounded.
+NUMBER_DIGITS, EXPONENT_DIGITS = 15, 2
+
+
+def json_number_rule() -> str:
+    """`number`, its digits counted across the point: a leading "0", or 1-9 and k more digits, then a
+    fraction of the digits left."""
+    mantissas = [f'"0" ("." [0-9]{{1,{NUMBER_DIGITS - 1}}})?']
+    for more in range(NUMBER_DIGITS):
+        left = NUMBER_DIGITS - 1 - more
+        integer = f"[1-9] [0-9]{{{more}}}" if more else "[1-9]"
+        mantissas.append(integer + (f' ("." [0-9]{{1,{left}}})?' if left else ""))
+    return f'number ::= "-"? ({" | ".join(mantissas)}) ([eE] [+-]? [0-9]{{1,{EXPONENT_DIGITS}}})?\n'
+
+
+JSON_OBJECT = r"""root ::= object
+value ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" "}" | "{" member (", " member)* "}"
+member ::= string ": " value
+array ::= "[" "]" | "[" value (", " value)* "]"
+string ::= "\"" char* "\""
+char ::= [^"\\\0-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
+""" + json_number_rule()
+
+
 class GrammarCompiler:
     """Compiles grammars for one tokenizer's vocabulary; thread-safe (xgrammar's compiler is)."""
 
@@ -67,8 +97,8 @@ class GrammarCompiler:
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
 
     def json_object(self) -> xgrammar.CompiledGrammar:
-        """Any JSON object (OpenAI's json_object mode; xgrammar's built-in JSON grammar allows any value)."""
-        return self._compiler.compile_grammar(schema_grammar({"type": "object"}, strict=False))
+        """Any JSON object with bounded numbers (OpenAI's json_object mode; `JSON_OBJECT` says why)."""
+        return self._compiler.compile_grammar(xgrammar.Grammar.from_ebnf(JSON_OBJECT))
 
     def json_schema(self, schema: dict) -> xgrammar.CompiledGrammar:
         """Raises BadInputError naming a keyword the grammar cannot enforce, or why xgrammar refused it."""
@@ -102,14 +132,14 @@ def literal(text: str) -> xgrammar.Grammar:
     return xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")  # a JSON string is an EBNF literal
 
 
-def schema_grammar(schema: dict, strict: bool = True) -> xgrammar.Grammar:
-    """`strict`: properties the schema does not name are not allowed (OpenAI's strict mode). One-line
+def schema_grammar(schema: dict) -> xgrammar.Grammar:
+    """Strict (OpenAI's strict mode): properties the schema does not name are not allowed. One-line
     JSON, no free whitespace: a small model sampled hot would otherwise spend its tokens on blank lines."""
     found = unenforced_keyword(schema)
     if found is not None:
         raise BadInputError(f"the schema keyword at {found} is not supported (it cannot be enforced)")
     try:
-        return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=strict)
+        return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
     except (RuntimeError, ValueError, TypeError) as err:
         raise BadInputError(f"the schema is not supported: {xgrammar_reason(err)}") from None
 
@@ -120,7 +150,8 @@ def xgrammar_reason(err: Exception) -> str:
 
 
 class TokenConstraint:
-    """One request's matcher: `mask` the logits before sampling, then `accept` the sampled token."""
+    """One request's matcher: `mask` the logits before sampling, then `accept` the sampled token;
+    speculative decoding also tries drafted tokens (`advance`) and takes them back (`rollback`)."""
 
     def __init__(self, grammar: xgrammar.CompiledGrammar, vocab_size: int):
         self._matcher = xgrammar.GrammarMatcher(grammar)
@@ -139,3 +170,18 @@ class TokenConstraint:
     def accept(self, token: int) -> None:
         if not self._matcher.is_terminated() and not self._matcher.accept_token(token):
             raise RuntimeError(f"token {token} breaks the grammar")  # a masked sampler never draws one
+
+    @property
+    def ended(self) -> bool:
+        """The grammar's end-of-generation token was accepted: nothing may follow."""
+        return self._matcher.is_terminated()
+
+    def advance(self, token: int) -> bool:
+        """Accept `token` if the grammar allows it here; False (the state unchanged) if not. Speculation
+        checks drafted tokens so, then `rollback`s them."""
+        return not self._matcher.is_terminated() and self._matcher.accept_token(token)
+
+    def rollback(self, count: int) -> None:
+        """Undo the last `count` accepted tokens (xgrammar keeps the whole history)."""
+        if count:
+            self._matcher.rollback(count)

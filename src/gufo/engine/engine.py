@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from gufo.engine.constraint import TokenConstraint
 from gufo.engine.loader import LoadProgress, load_model, open_checked
 from gufo.engine.memory import peak_memory_bytes
 from gufo.engine.sampling import Sampler, SamplingParams
@@ -321,12 +322,18 @@ class Engine:
         return self.model.forward(ids, self.cache, slots[0], where, all_logits=True, per_token=True).cpu()
 
     def start_generation(
-        self, prompt_ids: Sequence[int], max_tokens: int, params: SamplingParams, slot: int
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        params: SamplingParams,
+        slot: int,
+        constraint: TokenConstraint | None = None,
     ) -> tuple[GenerationResult, Sampler, torch.Tensor]:
-        """Check the room, prefill the prompt (timed): the result to fill, its sampler, the logits."""
+        """Check the room, prefill the prompt (timed): the result to fill, its sampler (masked by
+        `constraint`, a grammar, when given), the logits."""
         result = GenerationResult(list(prompt_ids))
         self.check_fits(len(prompt_ids) + max(max_tokens - 1, 0))
-        sampler = Sampler(params)
+        sampler = Sampler(params, constraint=constraint)
         started = time.perf_counter()
         logits = self.prefill(prompt_ids, slot)
         result.prompt_seconds = time.perf_counter() - started
@@ -340,11 +347,13 @@ class Engine:
         stop_at_eog: bool = True,
         on_token: OnToken | None = None,
         slot: int = 0,
+        constraint: TokenConstraint | None = None,
     ) -> GenerationResult:
         """Sample up to `max_tokens` after the prompt, each passed to `on_token` as it comes; its true
         answer ends generation after that token (a reverse prompt, a user's Ctrl-C): the slot then holds
-        the prompt and the tokens before the last, as after any other ending."""
-        result, sampler, logits = self.start_generation(prompt_ids, max_tokens, params, slot)
+        the prompt and the tokens before the last, as after any other ending. `constraint`: a grammar
+        the tokens keep to."""
+        result, sampler, logits = self.start_generation(prompt_ids, max_tokens, params, slot, constraint)
         history = list(prompt_ids)
         started = time.perf_counter()
         position = len(prompt_ids)

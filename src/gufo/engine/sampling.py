@@ -50,14 +50,17 @@ class Sampler:
         else:
             ids, final = drawn
             token = int(ids[torch.multinomial(final, 1, generator=self.generator)])
-        if self.constraint is not None:
-            self.constraint.accept(token)
+        self.accept(token)
         return token
 
     def probabilities(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
         """The whole distribution `__call__` draws from, over the vocabulary (float64; greedy: a point
-        mass on the argmax). Speculative sampling compares target and draft through it."""
-        logits = self.penalized(logits, history).cpu()
+        mass on the argmax), masked by the constraint in its current state and renormalised.
+        Speculative sampling compares target and draft through it, then `accept`s what it drew."""
+        logits = self.penalized(logits, history)
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
+        logits = logits.cpu()
         dense = torch.zeros(logits.numel(), dtype=torch.float64)
         drawn = None if self.params.greedy else self._candidates(logits)
         if drawn is None:
@@ -66,6 +69,11 @@ class Sampler:
         ids, final = drawn
         dense[ids] = final
         return dense / dense.sum()
+
+    def accept(self, token: int) -> None:
+        """The constraint hears a token drawn from `probabilities` rather than by `__call__`."""
+        if self.constraint is not None:
+            self.constraint.accept(token)
 
     def penalized(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
         p = self.params

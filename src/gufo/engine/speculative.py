@@ -24,6 +24,7 @@ from typing import Protocol
 
 import torch
 
+from gufo.engine.constraint import TokenConstraint
 from gufo.engine.engine import Engine, GenerationResult, OnToken
 from gufo.engine.params import SpeculativeParams
 from gufo.engine.sampling import Sampler, SamplingParams
@@ -145,19 +146,25 @@ class DraftModelProposer:
         self.fed = list(history)
         context = list(history)
         draft = Draft(probs=None if sampler.params.greedy else [])
+        constraint = sampler.constraint  # drafts are drawn within the grammar, so q is masked as p is
         for _ in range(limit):
             if draft.probs is None:
-                token = int(torch.argmax(logits))
+                token = int(torch.argmax(logits if constraint is None else constraint.mask(logits)))
             else:
                 q = sampler.probabilities(logits, context)
                 token = int(torch.multinomial(q, 1, generator=sampler.generator))
+            if constraint is not None and not constraint.advance(token):
+                break  # only an argmax of no allowed token (NaN logits): q is 0 where the grammar forbids
+            if draft.probs is not None:
                 draft.probs.append(q)
             draft.tokens.append(token)
             context.append(token)
-            if len(draft.tokens) == limit:
+            if len(draft.tokens) == limit or (constraint is not None and constraint.ended):
                 break
             logits = self.engine.decode(token, len(context) - 1, self.slot)
             self.fed.append(token)
+        if constraint is not None:
+            constraint.rollback(len(draft.tokens))
         return draft
 
 
@@ -181,6 +188,20 @@ def accept_or_resample(
     return int(torch.multinomial(residual / total, 1, generator=generator)), False
 
 
+def grammatical_prefix(draft: Draft, constraint: TokenConstraint) -> Draft:
+    """The draft up to the first token the request's grammar rejects (the matcher left as it was): a
+    rejected token could never be kept, so verifying it and what follows would waste the pass. Cutting
+    depends on the drafted token, so a draft drawn from q must be drawn within the grammar (q masked, as
+    `DraftModelProposer` does) for the accept rule to stay exact; a point-mass draft is cut freely."""
+    kept = 0
+    for token in draft.tokens:
+        if not constraint.advance(token):
+            break
+        kept += 1
+    constraint.rollback(kept)
+    return Draft(draft.tokens[:kept], None if draft.probs is None else draft.probs[:kept])
+
+
 def verify(
     rows: torch.Tensor, draft: Draft, sampler: Sampler, history: list[int], stats: SpeculativeStats
 ) -> Iterator[int]:
@@ -198,6 +219,7 @@ def verify(
             p = sampler.probabilities(rows[index], history)
             q = None if draft.probs is None else draft.probs[index]
             token, kept = accept_or_resample(p, q, drafted, sampler.generator)
+            sampler.accept(token)
         stats.accepted += kept
         yield token
         if not kept:
@@ -219,6 +241,8 @@ class Speculator:
         draft in one target pass: the target's rows and the tokens they give (see `verify`). At most
         `wanted` tokens are still wanted, so the draft is one shorter: keeping it all adds one more."""
         draft = self.proposer.propose(history, wanted - 1, sampler)
+        if sampler.constraint is not None:
+            draft = grammatical_prefix(draft, sampler.constraint)
         rows = self.engine.decode_tokens([history[-1], *draft.tokens], len(history) - 1, slot)
         return rows, verify(rows, draft, sampler, history, stats)
 
@@ -230,9 +254,10 @@ class Speculator:
         stop_at_eog: bool = True,
         on_token: OnToken | None = None,
         slot: int = 0,
+        constraint: TokenConstraint | None = None,
     ) -> GenerationResult:
         engine = self.engine
-        result, sampler, logits = engine.start_generation(prompt_ids, max_tokens, params, slot)
+        result, sampler, logits = engine.start_generation(prompt_ids, max_tokens, params, slot, constraint)
         self.stats = stats = SpeculativeStats()
         history = list(prompt_ids)
         started = time.perf_counter()

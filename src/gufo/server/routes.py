@@ -205,9 +205,7 @@ def create_app(
         prompt = render_prompt(body, tok, settings.chat_template)
         prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
         check_prompt(runtime, body, prompt_ids, "messages")
-        constrained = constrained_field(body)
-        if constrained is not None:
-            check_plain_decoding(runtime, constrained)
+        constrained_field(body)  # a 400 when two fields constrain the reply
         constraint = await asyncio.to_thread(constraint_for, body, runtime.grammars)
         thinking = thinks(tok, settings.chat_template)
         tool_names = body.tool_names()
@@ -217,13 +215,6 @@ def create_app(
         in_thought = thinking and constraint is None and prompt.rstrip().endswith(THINK_OPEN)
         reply = ReplyParser(thinking, in_thought, tool_names, one_call=body.parallel_tool_calls is False)
         return prompt_ids, constraint, reply
-
-    def check_plain_decoding(runtime: Runtime, param: str) -> None:
-        if runtime.scheduler.speculators is not None:
-            message = (
-                f"{param}: structured output and constrained tool calls are not supported with --speculative"
-            )
-            raise ApiError(400, message, param=param)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -284,7 +275,6 @@ def create_app(
             checked.append((prompt_ids, echo))
         grammar = None
         if body.grammar_field() is not None:
-            check_plain_decoding(runtime, body.grammar_field()[0])
             grammar = await asyncio.to_thread(client_grammar, body, runtime.grammars)
 
         def constraint() -> TokenConstraint | None:  # each prompt's own matcher
