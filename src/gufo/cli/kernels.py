@@ -69,9 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--note", metavar="TEXT", help="with --write: why this baseline (Triton version, commit)")
     p.add_argument("--keep", metavar="DIR", help="compile into DIR and keep it (a Triton cache; reused)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="compile in N processes (default 1)")
-    p.add_argument("--first-only", metavar="GLOB",
+    p.add_argument("--first-only", metavar="GLOB", action="append", default=[],
                    help="a quicker partial check: of the kernels whose name matches GLOB (e.g. 'gemv_iq*'), "
-                        "compile only the first configuration launched")  # fmt: skip
+                        "compile only the first configuration launched; repeatable")  # fmt: skip
     _common(p)
 
 
@@ -144,7 +144,7 @@ def _own(args: argparse.Namespace) -> int:
         raise BadInputError(f"--block-size: {args.block_size} is not in 1..1024")
     options = KernelOptions.from_environment(os.environ)  # the kernels as `gufo run` would build them
     kernels, warnings = own.own_kernels(
-        args.target, args.keep, args.jobs, args.block_size, _progress, options, args.first_only
+        args.target, args.keep, args.jobs, args.block_size, _progress, options, tuple(args.first_only)
     )
     for w in warnings:
         print(f"gufo: note: {w}", file=sys.stderr)

@@ -53,10 +53,10 @@ class Variant:
 
 
 def variants(
-    target: str, options: KernelOptions = DEFAULT_OPTIONS, first_only: str | None = None
+    target: str, options: KernelOptions = DEFAULT_OPTIONS, first_only: tuple[str, ...] = ()
 ) -> list[Variant]:
     """The distinct configurations the launch code uses on `target` with the kernels built with
-    `options` (first shape wins for each name); of the kernels whose name matches the glob
+    `options` (first shape wins for each name); of the kernels whose name matches one of the globs
     `first_only`, only the first configuration recorded."""
     recorder = _Recorder()
     gpu = TARGETS[target]
@@ -71,7 +71,7 @@ def variants(
     kept, sampled = [], set()
     for variant in recorder.found.values():
         name = variant.kernel.__name__
-        if first_only is not None and fnmatch.fnmatchcase(name, first_only):
+        if any(fnmatch.fnmatchcase(name, glob) for glob in first_only):
             if name in sampled:
                 continue
             sampled.add(name)
@@ -125,7 +125,7 @@ def compile_all(
     jobs: int = 1,
     progress: Progress | None = None,
     options: KernelOptions = DEFAULT_OPTIONS,
-    first_only: str | None = None,
+    first_only: tuple[str, ...] = (),
 ) -> list[tuple[str, Variant, Path]]:
     """(target, variant, folder) for every variant of every target (`variants`), the kernels built
     with `options`; `jobs` > 1 compiles in worker processes (forked, so they share the recorded

@@ -28,10 +28,10 @@ def own_kernels(
     block_size: int | None = None,
     progress: Progress | None = None,
     options: KernelOptions | None = None,
-    first_only: str | None = None,
+    first_only: tuple[str, ...] = (),
 ) -> tuple[list[Kernel], list[str]]:
     """Every launch variant of every target, the kernels built with `options` (the defaults when None),
-    compiled (into `keep`, else a temporary folder) and read; of the kernels matching the glob
+    compiled (into `keep`, else a temporary folder) and read; of the kernels matching a glob of
     `first_only`, only their first variant."""
     from gufo.kernels import triton as triton_kernels
 
