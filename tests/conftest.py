@@ -104,19 +104,20 @@ TIERS: dict[str, tuple[str, ...]] = {
 
 # Scheduling only, never a test's result: the groups (test files, or the interpreter's halves) that take the
 # most CPU, dealt out first after the unit tier, longest first, so that no long group starts last and leaves
-# a core idle. CPU seconds (user+sys, the test's subprocesses included) of one full run on the 2-core
-# machine under load.
+# a core idle. CPU seconds (user+sys, the test's subprocesses included) from runs of the files on the
+# 2-core machine (2026-12-01, after the IQ, MoE and Responses tests came).
 LONG_GROUPS = (
-    "tests/kernel_check/test_own.py",  # 184
-    "tests/cli/test_speculative_cli.py",  # 108
-    "test_triton_attention-1",  # 100 (its float16 cases: 153 with the float32 ones)
-    "tests/parallel/test_tp_torchrun.py",  # 78
-    "test_triton_attention-0",  # 80 (121 with the float32 ones)
-    "tests/models/test_converted_vs_transformers.py",  # 56, before qwen35moe (~35 more: measure)
+    "tests/kernel_check/test_own.py",  # 150
+    "tests/parallel/test_tp_torchrun.py",  # 100
+    "tests/cli/test_speculative_cli.py",  # 95
+    "test_triton_attention-1",  # 75
+    "test_triton_attention-0",  # 70
+    "tests/models/test_converted_vs_transformers.py",  # 62
     "tests/server/test_determinism.py",  # 50
-    "tests/quality/test_quality.py",  # 35
-    "tests/engine/test_speculative.py",  # 26
-    "tests/server/test_speculative_serve.py",  # 26
+    "tests/server/test_speculative_serve.py",  # 37
+    "tests/quality/test_quality.py",  # 34
+    "tests/engine/test_speculative.py",  # 28
+    "tests/server/test_responses_api.py",  # 23
 )
 
 
