@@ -29,3 +29,31 @@ def test_uncaptured_step_matches_the_eager_step(tmp_path, arch):
     end = len(prompt) + 3
     for eager_keys, step_keys in zip(eager_cache.keys, step_cache.keys, strict=True):
         torch.testing.assert_close(step_keys[0, :, :end], eager_keys[0, :, :end])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@torch.inference_mode()
+def test_a_step_of_several_sequences_matches_each_alone(tmp_path, arch):
+    """A step of three sequences in one pass (each row's slot and position on the device, as a server's
+    batched graph replay takes them) gives each row its own eager step's logits and writes each slot's KV
+    entries only; the rows name their slots out of order."""
+    model = build_model(open_model_file(write_tiny_model(tmp_path / "tiny.gguf", arch)), "torch")
+    eager_cache, rows_cache = model.new_cache(3, 32), model.new_cache(3, 32)
+    prompts = {0: [1, 5, 9, 2, 7, 3, 11], 1: [4, 4], 2: [8, 1, 6, 2, 9]}
+    for cache in (eager_cache, rows_cache):
+        for slot, prompt in prompts.items():
+            model.forward(torch.tensor(prompt), cache, slot, 0)
+    steps = GraphDecoder(model, rows_cache, torch.device("cpu"), max_tokens=3, capture=False)
+    order = [2, 0, 1]
+    lengths = {slot: len(prompt) for slot, prompt in prompts.items()}
+    for tokens in ([3, 10, 7], [12, 2, 5]):
+        positions = [lengths[slot] for slot in order]
+        got = steps.decode_rows(tokens, positions, order)
+        for row, (token, position, slot) in enumerate(zip(tokens, positions, order, strict=True)):
+            eager = model.forward(torch.tensor([token]), eager_cache, slot, position)[-1]
+            torch.testing.assert_close(got[row], eager, rtol=1e-5, atol=1e-5)
+            lengths[slot] += 1
+    for eager_keys, rows_keys in zip(eager_cache.keys, rows_cache.keys, strict=True):
+        for slot, length in lengths.items():
+            torch.testing.assert_close(rows_keys[slot, :, :length], eager_keys[slot, :, :length])
+            assert not rows_keys[slot, :, length:].any()  # nothing written past each sequence

@@ -82,8 +82,31 @@ def check_int8_output(shape: tuple, device: str = "cpu", programs: int = FEWER_P
         assert torch.equal(mine, oracle)
 
 
+def check_slots(device: str = "cpu", programs: int = FEWER_PROGRAMS) -> None:
+    """One launch over a whole-layer cache [slots, Hkv, ctx, D], token t reading slot slots[t] (a step
+    of several sequences): each token bit for bit what it gives alone over its own slot's cache, and
+    close to the float64 reference; plain and as int8 rows."""
+    heads, kv_heads, dim, entries = 9, 3, 64, 300
+    gen = torch.Generator().manual_seed(5)
+    cache = [torch.randn(4, kv_heads, entries, dim, generator=gen).half().to(device) for _ in range(2)]
+    slots, positions = torch.tensor([2, 0, 3]), torch.tensor([299, 10, 150])
+    q = torch.randn(3, heads, dim, generator=gen).to(device)
+    at, rows = positions.to(device), slots.to(device)
+    got = DECODE.apply(q, *cache, at, dim**-0.5, None, slots=rows, programs=programs)
+    want = ReferenceAttentionDecode.apply(q.double().cpu(), *(c.double().cpu() for c in cache), positions,
+                                          dim**-0.5, None, slots=slots)  # fmt: skip
+    torch.testing.assert_close(got.double().cpu(), want, **FLOAT32_TOL)
+    quantized = DECODE.apply(q, *cache, at, dim**-0.5, None, True, rows, programs=programs)
+    for t, slot in enumerate(slots.tolist()):
+        one = (q[t : t + 1], cache[0][slot], cache[1][slot], at[t : t + 1], dim**-0.5, None)
+        assert torch.equal(DECODE.apply(*one, programs=programs)[0], got[t]), t
+        alone = DECODE.apply(*one, True, programs=programs)
+        for mine, oracle in zip(quantized, alone, strict=True):
+            assert torch.equal(mine[t], oracle[0]), t
+
+
 def interpreter_cases() -> dict[str, Callable[[], None]]:
-    cases: dict[str, Callable[[], None]] = {}
+    cases: dict[str, Callable[[], None]] = {"slots": check_slots}
     for shape in SHAPES:
         for programs in (1, 64):  # one range per KV head, and several (split, then combined)
             name = f"{shape}-float16-p{programs}".replace(" ", "")
@@ -140,6 +163,10 @@ def test_decode_checks_its_operands():
         DECODE.apply(q, kv3, kv3, index, 0.125, None)
     with pytest.raises(ValueError, match="values is on meta, expected cpu"):
         DECODE.apply(q, cache, cache.to("meta"), index, 0.125, None)
+    with pytest.raises(ValueError, match="keys: 4 dimensions expected"):  # slots: every slot's cache
+        DECODE.apply(q, cache, cache, index, 0.125, None, slots=index)
+    with pytest.raises(ValueError, match="slots entries \\(one per token\\): 2, expected 1"):
+        DECODE.apply(q, cache[None], cache[None], index, 0.125, None, slots=torch.zeros(2, dtype=torch.int64))
 
 
 def test_registered_on_cuda_backend():

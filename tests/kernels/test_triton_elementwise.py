@@ -147,6 +147,36 @@ def check_attention_heads(
     assert torch.equal(got_entries.cpu()[:, :, untouched], entries[:, :, untouched])
 
 
+def check_attention_heads_slots(device: str = "cpu") -> None:
+    """Tokens of several sequences into a whole-layer cache [slots, Hkv, ctx, D], token t into slot
+    slots[t]: the reference's entries and heads (close), and bit for bit each token alone into its
+    own slot's cache; the other slots and positions untouched."""
+    heads, kv_heads, dim = 6, 2, 48
+    rope = Rope(dim, 10000.0, True)
+    slots, positions = torch.tensor([2, 0]), torch.tensor([9, 4])
+    cos, sin = rope.tables(positions)
+    widths = (heads * dim, kv_heads * dim, kv_heads * dim)
+    q, k, v = (t.reshape(2, -1, dim) for t in randn(2, sum(widths), seed=7).mul(2).split(widths, -1))
+    weights = tuple(randn(dim, seed=s) for s in (3, 4))
+    args = (q, k, v, *weights, 1e-6, cos, sin, True)
+    entries = torch.full((2, 3, kv_heads, 12, dim), 7.0, dtype=torch.float16)  # keys, values
+    want_entries = entries.clone()
+    want = ReferenceAttentionHeads.apply(*args, *want_entries, positions, slots)
+    heads_kernel = elementwise.TritonAttentionHeads(LAUNCH)
+    on_device = [t.to(device) if isinstance(t, torch.Tensor) else t for t in args]
+    got_entries = entries.to(device)
+    got = heads_kernel.apply(*on_device, *got_entries, positions.to(device), slots.to(device))
+    torch.testing.assert_close(got.cpu(), want, **TOL)
+    torch.testing.assert_close(got_entries.cpu(), want_entries, rtol=1e-3, atol=1e-3)
+    alone_entries = entries.to(device)
+    for t, slot in enumerate(slots.tolist()):
+        one = [x[t : t + 1] for x in on_device[:3]] + on_device[3:6] + [x[t : t + 1] for x in on_device[6:8]]
+        alone = heads_kernel.apply(*one, True, *alone_entries[:, slot], positions[t : t + 1].to(device))
+        assert torch.equal(alone[0], got[t]), t
+    assert torch.equal(alone_entries, got_entries)
+    assert torch.equal(got_entries.cpu()[:, 1], entries[:, 1])  # a slot no token names
+
+
 def check_int8_outputs(rows: int, width: int, device: str = "cpu") -> None:
     """The norms and the activation with `int8`: bit for bit their float output through the separate
     quantizer (`quantize_rows`, itself bit for bit the torch oracle): fusing it changes no number."""
@@ -195,6 +225,7 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
             cases[f"attention_heads-neox{neox}-norm{norm}"] = lambda n=neox, m=norm: check_attention_heads(
                 2, 6, 2, 48, 16 if n else 48, n, m
             )
+    cases["attention_heads-slots"] = check_attention_heads_slots
     for act in ("silu", "gelu_tanh"):
         cases[f"gated_act-{act}"] = lambda a=act: check_gated_act(3, 1500, a)  # two programs, a tail
     return cases

@@ -311,7 +311,20 @@ class Engine:
 
         Each row's logits equal what `decode` gives it alone (greedy output does not depend on the
         batch): one pass reading each weight once for all rows when the decode kernel takes rows of
-        different slots (the fused CPU layer), one decode step per row otherwise."""
+        different slots (the fused CPU layer), graph replays of up to `max_tokens` rows each on a GPU
+        whose decode route is batch-invariant (models without recurrent state), one decode step per row
+        otherwise."""
+        if len(tokens) > 1 and self.batched_rows and self._graph_rows:
+            self.check_fits(max(positions) + 1)
+            limit = self.graph_decoder.max_tokens
+            with profiling.phase_range(self.options.profile, profiling.DECODE_RANGE):
+                parts = [
+                    self.graph_decoder.decode_rows(
+                        tokens[i : i + limit], positions[i : i + limit], slots[i : i + limit]
+                    ).cpu()
+                    for i in range(0, len(tokens), limit)
+                ]
+            return torch.cat(parts)
         batched = self.model.decode_route.multi_slot and len(tokens) > 1  # the route chunks long batches
         if not batched or not self.batched_rows:
             rows = zip(tokens, positions, slots, strict=True)
@@ -320,6 +333,18 @@ class Engine:
         ids = torch.tensor(list(tokens), dtype=torch.long)
         where = RowPositions(tuple(slots), tuple(positions))
         return self.model.forward(ids, self.cache, slots[0], where, all_logits=True, per_token=True).cpu()
+
+    @property
+    def _graph_rows(self) -> bool:
+        """Whether graph replays take decode steps of several sequences (each row its one-token numbers)."""
+        decoder = self.graph_decoder
+        return decoder is not None and decoder.max_tokens > 1 and self.cache.recurrent is None
+
+    def prepare_rows(self, n_rows: int) -> None:
+        """Capture now the graphs that `decode_batch` replays for up to `n_rows` sequences (a server's
+        sessions), so the first batched steps do not pay for captures."""
+        if self.batched_rows and self._graph_rows:
+            self.graph_decoder.prepare_rows(n_rows)
 
     def start_generation(
         self,

@@ -31,12 +31,23 @@ def decode_span(position: int, context: int) -> int:
 
 
 def write_entries(
-    keys: torch.Tensor, values: torch.Tensor, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    index: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor | None = None,
 ) -> None:
     """k [T, Hkv, D] and v [T, Hkv, Dv] into a slot's cache keys/values [Hkv, context, D] at positions
-    index ([T] int64, read on the device: capturable in a CUDA graph), in the cache's dtype."""
-    keys.index_copy_(1, index, k.transpose(0, 1).to(keys.dtype))
-    values.index_copy_(1, index, v.transpose(0, 1).to(values.dtype))
+    index ([T] int64, read on the device: capturable in a CUDA graph), in the cache's dtype. With
+    `slots` ([T] int64) keys/values are a layer's whole cache [slots, Hkv, context, D] and token t goes
+    into slot slots[t]."""
+    if slots is None:
+        keys.index_copy_(1, index, k.transpose(0, 1).to(keys.dtype))
+        values.index_copy_(1, index, v.transpose(0, 1).to(values.dtype))
+        return
+    keys[slots, :, index] = k.to(keys.dtype)  # the indexed dims come first: [T, Hkv, D]
+    values[slots, :, index] = v.to(values.dtype)
 
 
 def visible(span: int, index: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -65,9 +76,19 @@ class ReferenceAttentionDecode(AttentionDecodeKernel):
         scale: float,
         window: int | None,
         int8: bool = False,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor | Int8Rows:
         """q [T, H, Dk] at cache positions index ([T] int64); keys/values [Hkv, span, D] (the cache
-        prefix, any dtype: computed in q's). Returns [T, H * Dv] (`int8`: as `Int8Rows`)."""
+        prefix, any dtype: computed in q's). Returns [T, H * Dv] (`int8`: as `Int8Rows`). With `slots`
+        ([T] int64) keys/values are [slots, Hkv, span, D] and token t reads slot slots[t]."""
+        if slots is not None:
+            one = ReferenceAttentionDecode.apply
+            rows = [
+                one(q[t : t + 1], keys[s], values[s], index[t : t + 1], scale, window)
+                for t, s in enumerate(slots.tolist())
+            ]
+            out = torch.cat(rows)
+            return as_int8_rows(out) if int8 else out
         n_tokens, n_kv, span = q.shape[0], keys.shape[0], keys.shape[1]
         # [Hkv, T, G, Dk]: the query heads sharing a KV head are adjacent
         grouped = q.reshape(n_tokens, n_kv, -1, q.shape[-1]).transpose(0, 1)

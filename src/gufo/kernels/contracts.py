@@ -123,6 +123,7 @@ class AttentionHeadsKernel(Kernel, Protocol):
         keys: torch.Tensor,
         values: torch.Tensor,
         index: torch.Tensor,
+        slots: torch.Tensor | None = None,  # token t's slot of a whole-layer cache [slots, Hkv, ctx, D]
     ) -> torch.Tensor: ...
 
 
@@ -161,6 +162,7 @@ class AttentionDecodeKernel(Kernel, Protocol):
         scale: float,
         window: int | None,
         int8: bool = False,
+        slots: torch.Tensor | None = None,  # token t's slot of a whole-layer cache [slots, Hkv, ctx, D]
     ) -> torch.Tensor | Int8Rows: ...
 
 

@@ -99,15 +99,18 @@ class ReferenceAttentionHeads(AttentionHeadsKernel):
         keys: torch.Tensor,
         values: torch.Tensor,
         index: torch.Tensor,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv]; keys/values: a slot's cache [Hkv, context, D]
-        (any dtype), written at positions index ([T] int64); cos/sin as `ReferenceRope` takes them."""
+        (any dtype), written at positions index ([T] int64), or with `slots` ([T] int64) a layer's
+        whole cache [slots, Hkv, context, D], token t into slot slots[t]; cos/sin as `ReferenceRope`
+        takes them."""
 
         def rotate(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
             normed = x if weight is None else ReferenceRmsNorm.apply(x, weight, eps)
             return ReferenceRope.apply(normed, cos, sin, neox)
 
-        write_entries(keys, values, index, rotate(k, k_weight), v)
+        write_entries(keys, values, index, rotate(k, k_weight), v, slots)
         return rotate(q, q_weight)
 
 

@@ -142,9 +142,10 @@ class SelfAttention:
         """Projected q, k, v -> heads, QK norm, RoPE, cached attention: [T, n_heads * value_dim].
         `int8`: the output projection takes `Int8Rows`, which a graph-captured decode step hands it."""
         if isinstance(start_pos, DevicePosition) and self.heads_kernel is not None:
-            keys, values = cache.entries(layer, slot)
+            rows = start_pos.slots
+            keys, values = cache.entries(layer, slot) if rows is None else cache.layer_entries(layer)
             q = self.heads_kernel.apply(*self._shaped(q, k, v), *self._qk_norms(), *rope_tables,
-                                        self.rope.neox, keys, values, start_pos.index)  # fmt: skip
+                                        self.rope.neox, keys, values, start_pos.index, rows)  # fmt: skip
             decode = self.kernels.decode
             return attend_written(q, keys, values, start_pos, self.scale, self.window, decode, int8)
         q, k, v = self.heads(q, k, v, rope_tables)

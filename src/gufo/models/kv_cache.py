@@ -82,13 +82,25 @@ class KVCache:
         return self.keys[layer][slot], self.values[layer][slot]
 
     def write(
-        self, layer: int, slot: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self,
+        layer: int,
+        slot: int,
+        index: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`append` at positions held on the device (index [T] int64, no bounds check on the host), so
-        the write can be captured in a CUDA graph; returns the slot's [kv_heads, ctx, dim]."""
-        keys, values = self.entries(layer, slot)
-        write_entries(keys, values, index, k, v)
+        the write can be captured in a CUDA graph; returns the slot's [kv_heads, ctx, dim]. With `slots`
+        ([T] int64, token t's slot) it writes every token into its own slot and returns the layer's
+        whole [slots, kv_heads, ctx, dim]."""
+        keys, values = self.entries(layer, slot) if slots is None else self.layer_entries(layer)
+        write_entries(keys, values, index, k, v, slots)
         return keys, values
+
+    def layer_entries(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's keys and values of every slot, [slots, kv_heads, ctx, dim] each."""
+        return self.keys[layer], self.values[layer]
 
     def snapshot(self, slot: int, length: int) -> CacheSnapshot:
         """Copy positions 0..length of `slot`, so they can be put back after other work used the slot."""

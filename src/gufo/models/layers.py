@@ -276,9 +276,12 @@ def own_kernel(backend: str, op: Op[KernelType]) -> KernelType | None:
 class DevicePosition:
     """Decode positions held on the device, so a captured CUDA graph replays at any position: `index`
     ([T] int64, consecutive) is read by the kernels, which attend each token over the span its own
-    one-token step reads (decode attention bounds it by the position on the device)."""
+    one-token step reads (decode attention bounds it by the position on the device). With `slots`
+    ([T] int64) token t is the next token of the sequence in cache slot slots[t] at position index[t]:
+    one decode step of several sequences (the slot the pass is given is then not read)."""
 
     index: torch.Tensor
+    slots: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -377,7 +380,7 @@ def _attention_at(
 ) -> torch.Tensor:
     """Decode attention without host-side positions: the KV writes and the causal/window masks read
     `position.index` on the device."""
-    keys, values = cache.write(layer, slot, position.index, k, v)
+    keys, values = cache.write(layer, slot, position.index, k, v, position.slots)
     return attend_written(q, keys, values, position, scale, window, decode)
 
 
@@ -392,8 +395,11 @@ def attend_written(
     int8: bool = False,
 ) -> torch.Tensor | Int8Rows:
     """Decode attention of q ([T, H, D]) at device positions over a slot's whole cache (keys/values
-    [Hkv, context, D], already holding the tokens' entries): each token's span is bounded on the device.
+    [Hkv, context, D], already holding the tokens' entries; with `position.slots` a layer's whole cache
+    [slots, Hkv, context, D]): each token's span is bounded on the device.
     `int8`: as `Int8Rows` where the op takes all tokens at once (it quantizes as it writes)."""
+    if position.slots is not None:  # every op that takes device positions takes slots too
+        return decode.apply(q, keys, values, position.index, scale, window, int8, position.slots)
     if int8 and decode.tokens_at_once:
         return decode.apply(q, keys, values, position.index, scale, window, True)
     spans = [keys.shape[1]] * q.shape[0]

@@ -83,6 +83,8 @@ class ServerState:
             speculators = (
                 None if speculative is None else make_speculators(engine, speculative, settings.draft_model)
             )
+            if speculators is None:  # the batched decode steps' graphs, before the first request
+                engine.prepare_rows(engine.cache.n_slots)
             scheduler = Scheduler(
                 engine, self.metrics, settings.max_pending, settings.prefill_chunk, speculators
             )

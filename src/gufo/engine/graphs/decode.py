@@ -4,8 +4,10 @@ Launching a decode step op by op costs more host time than the GPU needs for it.
 replayed with one call: the token ids and positions live in static device tensors, and decode attention
 bounds each token's cache span by its position on the device, so one graph serves every position.
 Graphs are captured lazily per (slot, number of tokens): one token for plain decoding, several for
-verifying speculative drafts (the decode-layer kernel gives each token its one-token numbers). They
-share one memory pool; the only host synchronisation of a step is reading its logits back.
+verifying speculative drafts (the decode-layer kernel gives each token its one-token numbers), and per
+number of rows for one step of several sequences (a server's batch: each row's slot is a device tensor
+too, so one graph serves any set of slots). They share one memory pool; the only host synchronisation
+of a step is reading its logits back.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from gufo.models.layers import DevicePosition
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+ROWS = -1  # the graphs' slot key of steps of several sequences (their slots are device inputs)
 
 
 def record(graph: torch.cuda.CUDAGraph, pool: tuple, run: Callable[[], T]) -> T:
@@ -51,20 +54,25 @@ class GraphDecoder:
         self.model, self.cache, self.device = model, cache, device
         self.max_tokens = max_tokens
         self.capture = capture
-        self.inputs = torch.zeros(2, max_tokens, dtype=torch.long, device=device)  # token ids, positions
+        # token ids, positions, and the slots of a step of several sequences
+        self.inputs = torch.zeros(3, max_tokens, dtype=torch.long, device=device)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        # (slot, tokens) of one sequence's step, (ROWS, rows) of a step of several
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
     def _forward(self, slot: int, n_tokens: int) -> torch.Tensor:
         tokens, index = self.inputs[0, :n_tokens], self.inputs[1, :n_tokens]
-        return self.model.forward(
-            tokens, self.cache, slot, DevicePosition(index), all_logits=True, per_token=True
-        )
+        if slot == ROWS:  # the pass's slot is not read: each row's is in the inputs
+            slot, where = 0, DevicePosition(index, self.inputs[2, :n_tokens])
+        else:
+            where = DevicePosition(index)
+        return self.model.forward(tokens, self.cache, slot, where, all_logits=True, per_token=True)
 
     def _capture(self, slot: int, n_tokens: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         started = time.perf_counter()
         # recurrent state advances on every run, unlike KV writes: the replay must start from it unchanged
+        # (rows of several slots are refused for such models: `decode_rows`)
         saved = None if self.cache.recurrent is None else self.cache.recurrent.save(slot)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -109,6 +117,33 @@ class GraphDecoder:
         else:  # one copy (drafts are verified after the previous step's logits were read anyway)
             given = torch.tensor([list(tokens), list(range(position, position + n_tokens))])
             self.inputs[:, :n_tokens].copy_(given)
+        return self._run(slot, n_tokens)
+
+    def decode_rows(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]
+    ) -> torch.Tensor:
+        """Logits [B, vocab] (on the device) of one step of B sequences: token i at positions[i] of slot
+        slots[i] (distinct slots), writing their KV like eager steps; B is at most `max_tokens`. Each row
+        runs the kernels of its own one-token step, which give it its one-token numbers."""
+        n_rows = len(tokens)
+        if not 0 < n_rows <= self.max_tokens:
+            raise ValueError(f"{n_rows} rows in one graph step (1 to {self.max_tokens})")
+        if self.cache.recurrent is not None:
+            raise ValueError("one step of several sequences needs a model without recurrent state")
+        self.inputs[:, :n_rows].copy_(torch.tensor([list(tokens), list(positions), list(slots)]))
+        return self._run(ROWS, n_rows)
+
+    def prepare_rows(self, n_rows: int) -> None:
+        """Capture the graphs of steps of 1..n_rows sequences now (their warm-ups write KV at the end of
+        slots 0..n_rows - 1, which a sequence overwrites before it reads there)."""
+        context = self.cache.context
+        for count in range(1, min(n_rows, self.max_tokens, self.cache.n_slots) + 1 if self.capture else 0):
+            if (ROWS, count) not in self.graphs:
+                self.decode_rows([0] * count, [context - 1] * count, range(count))
+
+    def _run(self, slot: int, n_tokens: int) -> torch.Tensor:
+        """The step of `n_tokens` tokens on `slot` (ROWS: one row per slot in the inputs), replayed from
+        its graph (captured on first use), or run op by op without capture."""
         if not self.capture:
             return self._forward(slot, n_tokens)
         key = (slot, n_tokens)

@@ -63,20 +63,24 @@ def _product(a, b, DOT: tl.constexpr):
 
 @triton.jit
 def attention_decode_split(
-    q_ptr, k_ptr, v_ptr, index_ptr, acc_ptr, max_ptr, sum_ptr,
-    stride_kh, stride_kt, stride_vh, stride_vt, window, scale, H, G, DK, DV,
+    q_ptr, k_ptr, v_ptr, index_ptr, slot_ptr, acc_ptr, max_ptr, sum_ptr,
+    stride_ks, stride_kh, stride_kt, stride_vs, stride_vh, stride_vt, window, scale, H, G, DK, DV,
     GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DK: tl.constexpr,
     BLOCK_DV: tl.constexpr, WINDOWED: tl.constexpr, DOT: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (KV head, range, token): the G query heads of the KV head (ROWS held, GROUP stored) over the
-    range's keys and values, as a partial softmax: running maximum, sum and weighted values."""
+    range's keys and values, as a partial softmax: running maximum, sum and weighted values. The token's
+    cache is slot slot_ptr[token] (slot strides 0: one slot's cache for every token)."""
     wait_for_inputs(PDL)
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
     token = tl.program_id(2)
     index = tl.load(index_ptr + token)
+    slot = tl.load(slot_ptr + token)
+    k_ptr += slot * stride_ks
+    v_ptr += slot * stride_vs
     g = tl.arange(0, ROWS)
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
@@ -182,12 +186,20 @@ DOT_MAX_WIDTH = 128  # wider heads (gemma3's 256) spilled on the tl.dot path for
 
 
 def _check_decode_operands(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, index: torch.Tensor
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, index: torch.Tensor, slots: torch.Tensor | None
 ) -> None:
-    """The shapes, dtypes and devices `TritonAttentionDecode.apply` takes; raises naming a mismatch."""
-    for what, tensor in (("q", q), ("keys", keys), ("values", values)):
-        check_dims(what, tensor, 3)
+    """The shapes, dtypes and devices `TritonAttentionDecode.apply` takes (keys/values of one slot; with
+    `slots` of every slot, checked here as their first slot); raises naming a mismatch."""
+    check_dims("q", q, 3)
+    for what, tensor in (("keys", keys), ("values", values)):
+        check_dims(what, tensor, 3 if slots is None else 4)
         check_device(what, tensor, q.device)
+    if slots is not None:
+        check_device("slots", slots, q.device)
+        check_dtype("slots", slots, (torch.int64,))
+        check_size("slots entries (one per token)", slots.numel(), q.shape[0])
+        check_size("values' slots", values.shape[0], keys.shape[0])
+        keys, values = keys[0], values[0]
     check_device("index", index, q.device)
     check_dtype("q", q, (torch.float32, torch.float16, torch.bfloat16))
     # the GPU cache's type (backends.cache_dtype), the one the kernels are compiled and tested for
@@ -233,14 +245,21 @@ class TritonAttentionDecode(LaunchedKernel, AttentionDecodeKernel):
         scale: float,
         window: int | None,
         int8: bool = False,
+        slots: torch.Tensor | None = None,
         programs: int | None = None,
     ) -> torch.Tensor | Int8Rows:
         """Same contract as the torch reference (`gufo.kernels.attention`), for T tokens: q [T, H, Dk]
         at cache positions index ([T] int64, each below keys' length) -> [T, H * Dv] in q's dtype
-        (`int8`: float32 rows as `Int8Rows`).
+        (`int8`: float32 rows as `Int8Rows`); with `slots`, token t over slot slots[t] of keys/values
+        [slots, Hkv, ctx, D] (the same arithmetic per token as over that slot's cache alone).
         `programs`: how many programs to aim for per token (default PROGRAMS_PER_MULTIPROCESSOR per
         multiprocessor)."""
-        _check_decode_operands(q, keys, values, index)
+        _check_decode_operands(q, keys, values, index, slots)
+        if slots is None:  # every token reads the one slot given: slot strides 0, any int64 entries
+            slots, slot_strides = index, (0, 0)
+        else:
+            slot_strides = (keys.stride(0), values.stride(0))
+            keys, values = keys[0], values[0]  # the rest of the strides, as one slot's
         n_tokens, n_heads, key_dim = q.shape
         n_kv = keys.shape[0]
         value_dim = values.shape[-1]
@@ -254,8 +273,8 @@ class TritonAttentionDecode(LaunchedKernel, AttentionDecodeKernel):
         q = q.contiguous()
         launch = self.launch.options(q.device)
         attention_decode_split[(n_kv, splits, n_tokens)](
-            q, keys, values, index, acc, maxima, sums,
-            keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+            q, keys, values, index, slots, acc, maxima, sums, slot_strides[0],
+            keys.stride(0), keys.stride(1), slot_strides[1], values.stride(0), values.stride(1),
             window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim,
             GROUP=group, ROWS=rows, BLOCK_T=block_t, BLOCK_DK=triton.next_power_of_2(key_dim),
             BLOCK_DV=block_dv, WINDOWED=window is not None, DOT=dot, num_warps=NUM_WARPS,
