@@ -1,6 +1,6 @@
 """A batched decode step of several sequences (different slots, different positions) gives each row
 exactly the logits its own one-token step gives (the step the llama.cpp golden tests check), in one
-pass of the fused CPU layer."""
+pass of the fused CPU layer, and on a GPU in graph replays of up to 16 rows each."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from gufo.options import RunOptions
 PROMPTS = [[1, 5, 9, 20], [3, 4], [7, 8, 9, 10, 11, 12, 13]]
 
 
-def prefilled(model: str) -> Engine:
-    engine = Engine(model, options=RunOptions(threads=2), context=128, n_slots=len(PROMPTS))
-    for slot, prompt in enumerate(PROMPTS):
+def prefilled(model: str, prompts: list[list[int]] = PROMPTS, device: str = "cpu") -> Engine:
+    options = RunOptions(threads=2, device=device)
+    engine = Engine(model, options=options, context=128, n_slots=len(prompts))
+    for slot, prompt in enumerate(prompts):
         engine.prefill(prompt, slot=slot)
     return engine
 
@@ -41,3 +42,23 @@ def test_a_row_past_the_context_is_bad_input():
     engine = prefilled("smollm2-135m")
     with pytest.raises(BadInputError, match="context size 128"):
         engine.decode_batch([1, 2], [5, 128], [0, 1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_gpu_rows_equal_their_own_decode_steps(model, monkeypatch):
+    """18 sequences (two replays: 16 rows, then 2), their slots out of order: each row bit for bit its own
+    one-token graph step, this step and the next (which reads the KV entries the rows wrote)."""
+    prompts = [[(7 * i + j) % 50 + 1 for j in range(1 + i % 5)] for i in range(18)]
+    slots = [(5 * i) % 18 for i in range(18)]
+    positions = [len(prompts[s]) for s in slots]
+    alone, batched = prefilled(model, prompts, "cuda"), prefilled(model, prompts, "cuda")
+    for step in range(2):
+        tokens = [40 + step + s for s in slots]
+        rows = zip(tokens, positions, slots, strict=True)
+        want = torch.stack([alone.decode(t, p, s) for t, p, s in rows])
+        with monkeypatch.context() as patched:
+            patched.setattr(Engine, "decode", lambda *a, **k: pytest.fail("decode_batch fell back to rows"))
+            got = batched.decode_batch(tokens, positions, slots)
+        assert torch.equal(got, want), step
+        positions = [p + 1 for p in positions]

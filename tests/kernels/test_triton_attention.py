@@ -210,3 +210,8 @@ def test_prefill_causal_lower_right_equals_masked(device, tokens, entries):
 
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             torch.testing.assert_close(FusedAttentionPrefill.apply(q, keys, values, 0, 0.125, None), got)
+
+
+@pytest.mark.gpu
+def test_gpu_slots():
+    check_slots("cuda", 0)  # the default split: several ranges per KV head

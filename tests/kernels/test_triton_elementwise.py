@@ -289,6 +289,7 @@ def test_gpu_real_widths():
     check_rms_norm_rope(5, 24, 256, 64, True, "cuda")  # qwen35's gated attention: 64 of 256 rotated
     for norm in (True, False):
         check_attention_heads(3, 32, 8, 128, 128, True, norm, "cuda")  # qwen3 8B, speculative drafts
+    check_attention_heads_slots("cuda")
     check_gated_act(37, 12288, "silu", "cuda")
     check_int8_outputs(5, 4096, "cuda")
     check_int8_outputs(5, 12288, "cuda")
