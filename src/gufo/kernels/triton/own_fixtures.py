@@ -92,7 +92,7 @@ def attention_examples(options: KernelOptions) -> Iterator[str]:
             index = torch.empty(1, dtype=torch.int64, device="meta")
             for int8 in (False, True) if torch.version.hip is None else (False,):
                 args = (q, cache, cache, index, dim**-0.5, window, int8)
-                kernel.apply(*args, REFERENCE_PROGRAMS)
+                kernel.apply(*args, programs=REFERENCE_PROGRAMS)
 
 
 # Widths of real models: Qwen3-0.6B (hidden 1024, FFN 3072, heads 16 x 128 on 8 KV heads, NeoX RoPE),
