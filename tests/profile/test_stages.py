@@ -8,7 +8,10 @@ and its `cudaLaunchKernel` are linked to the op; a graph's kernels share the id 
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -227,6 +230,57 @@ def test_debug_events_say_how_each_device_event_was_placed():
     assert len(lines[lines.index(section) + 2 :]) == 4  # the limit
     everything = describe(triton_pass(Event211)).splitlines()
     assert len(everything[everything.index(section) + 2 :]) == 6  # the pass's device events: not the warm-up
+
+
+H200_EVENTS = Path(__file__).parent / "fixtures" / "h200-torch2.11-triton3.6-events.json"
+
+
+def test_events_recorded_on_the_h200_go_to_the_stages_of_the_workload():
+    """Real Kineto events (scripts/kineto_events_probe.py on an H200: torch 2.11, Triton 3.6). Per timed
+    repetition the probe's workload launches, in two passes: 2 x 2 Triton products, 2 x 2 Triton attentions,
+    2 x 2 norms (an aten op), 2 adds outside the stages, 2 result copies; in its graph pass the graph's
+    product and attention, and a copy."""
+    recorded = json.loads(H200_EVENTS.read_text())["events"]
+    events = [
+        Event211(
+            e["name"],
+            e["start"],
+            e["end"],
+            correlation=e["correlation"],
+            linked=e["linked"],
+            activity="user_annotation" if e["user"] else "cpu_op",  # torch 2.11 tells only annotations
+            device=e["device"],
+            thread=e["thread"],
+        )
+        for e in recorded
+    ]
+    repetitions = attribute(events, device=True)[1]
+    assert len(repetitions) == 2
+    elementwise = "void at::native::vectorized_elementwise_kernel"
+    copy = "Memcpy DtoH (Device -> Pageable)"
+    spans = sorted((e["start"], e["end"]) for e in recorded if e["name"].startswith("gufo.repetition"))
+    for rep, (start, end) in zip(repetitions, spans, strict=True):
+        launches = Counter({key[1:]: tally.launches for key, tally in rep.kernels.items()})
+        launches = Counter({(stage, kernel.split("<")[0]): n for (stage, kernel), n in launches.items()})
+        assert launches == {
+            ("linear.Q4_K", "gemv_k"): 4,
+            ("attention", "attn_k"): 4,
+            ("norm", elementwise): 4,
+            ("other", elementwise): 2,
+            ("copy", copy): 3,
+            ("graph", "gemv_k"): 1,
+            ("graph", "attn_k"): 1,
+        }
+        # every device event of the repetition went to a stage (none lost, none counted twice)
+        on_device = [
+            e for e in recorded if e["device"] == "CUDA" and not e["user"] and start <= e["start"] <= end
+        ]
+        placed = sum(
+            t.ns for (phase, stage), t in rep.stages.items() if phase == "decode" and stage != "host overhead"
+        )
+        assert len(on_device) == sum(launches.values()) and placed == sum(
+            e["end"] - e["start"] for e in on_device
+        )
 
 
 def test_union_of_busy_intervals_is_clipped_to_the_pass():
