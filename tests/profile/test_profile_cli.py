@@ -37,7 +37,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     stage slowed by the debug option."""
     folder = tmp_path_factory.mktemp("profiles")
     extra = {
-        "smollm2-135m": ("--trace", str(folder / "trace.json")),
+        "smollm2-135m": ("--trace", str(folder / "trace.json"), "--debug-events", str(folder / "events.txt")),
         "gemma3-270m": ("--plot", str(folder / "shares.png")),
     }
     paths = {}
@@ -119,6 +119,13 @@ def test_trace_has_the_chrome_trace_structure(runs):
     assert any(name.startswith("decode_layer|cpu-fused-layer|") for name in names)
 
 
+def test_debug_events_describe_the_cpu_run(runs):
+    lines = (runs["smollm2-135m"].parent / "events.txt").read_text().splitlines()
+    assert lines[1] == "0 device kernels, copies and sets, placed: "  # a CPU run has none
+    # the first timed pass is pp16's prefill (the warm-up before it is outside the repetitions)
+    assert "device events starting in the first timed pass (gufo.prefill)" in lines
+
+
 def png_pixels(path: Path) -> np.ndarray:
     with Image.open(path) as image:
         assert image.format == "PNG" and image.size == (WIDTH, HEIGHT)
@@ -167,6 +174,7 @@ def test_help_explains_every_flag(capsys):
         main(["profile", "--help"])
     out = capsys.readouterr().out
     assert stop.value.code == 0
-    for flag in ("--trace", "--plot", "--peak-bandwidth", "--compare", "--fail-above", "--debug-slow-stage"):
+    flags = ("--trace", "--plot", "--peak-bandwidth", "--compare", "--fail-above", "--debug-slow-stage")
+    for flag in (*flags, "--debug-events"):
         assert flag in out
     assert "as a % of it" in out and "more than PCT% above" in out

@@ -21,12 +21,14 @@ are tabulated, each split into stages named from the engine's ops: linear.<block
 experts.<block format> (mixture-of-experts products), attention,
 norm, norm_rope, rope, activation, conv, delta_rule, decode_layer (the fused CPU decode layer, one C
 call per layer), and per phase (prefill, decode): other (host time in a pass outside the kernels on
-the CPU; kernels outside the stages on a GPU), copy and host overhead (GPU: device idle in a pass), and
-between_passes (the runner's loop; sampling and drafting in speculative tests). Time per token divides
-by the phase's tokens. On a GPU the device kernels are timed (CUPTI/roctracer); a CUDA graph replay
-runs no Python, so the step a graph would replay runs uncaptured, op by op (the same kernels; host
-overhead is then the launch cost that graphs remove), and prefill runs eagerly (the same kernels as
-its piecewise graphs). --eager profiles the plain eager decode path instead.
+the CPU; kernels outside the stages on a GPU), copy, graph and host overhead (GPU: kernels a CUDA graph
+replayed, which no stage range tells apart; device idle in a pass), and between_passes (the runner's
+loop; sampling and drafting in speculative tests). Time per token divides by the phase's tokens. On a
+GPU the device kernels are timed (CUPTI/roctracer), each in the stage it was launched from (found by
+its linked op, else its launch call, Triton's cuLaunchKernelEx included); a CUDA graph replay runs no
+Python, so the step a graph would replay runs uncaptured, op by op (the same kernels; host overhead is
+then the launch cost that graphs remove), and prefill runs eagerly (the same kernels as its piecewise
+graphs). --eager profiles the plain eager decode path instead.
 
 The profiler adds its own cost: gufo bench remains the measure of speed.
 
@@ -37,6 +39,10 @@ slower in B, beyond noise.
 
 Debugging: --debug-slow-stage STAGE sleeps 2 ms inside every launch of that stage (a stage name, or
 linear for every block format), so --compare against a plain run must flag that stage alone.
+--debug-events FILE writes the profiler's events as read: counts per activity type, how many device
+kernels were placed by their linked host op, by their launch call's correlation id, by their time
+alone or not at all, the raw fields (activity, device, name, thread, times, correlation ids) of the
+first events, and those of the first timed pass's device events with the stage each went to.
 
 Exit codes: 0 success, 1 a run failed or a stage regressed beyond --fail-above, 2 bad input."""
 
@@ -86,6 +92,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="STAGE",
         help="debugging: sleep 2 ms inside every launch of STAGE (see below)",
     )
+    parser.add_argument(
+        "--debug-events",
+        type=Path,
+        metavar="FILE",
+        help="debugging: describe the profiler's events and where each device kernel went (see below)",
+    )
     # gufo bench's flags that profiling does not take
     parser.set_defaults(func=run, delay=0.0, validate_prefill=None, tensor_parallel=1)
 
@@ -110,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
 
         pyplot()  # a missing matplotlib is said before the run, not after
     options = replace(plan.options, profile=ProfileOptions(slow_stage=args.debug_slow_stage))
-    profile_plan = ProfilePlan(replace(plan, options=options), args.trace, args.peak_bandwidth)
+    profile_plan = ProfilePlan(
+        replace(plan, options=options), args.trace, args.peak_bandwidth, events=args.debug_events
+    )
     records = run_profile(profile_plan, build_info(), progress_callback(args, "profile"))
     if args.output == "json":
         sys.stdout.write(json.dumps(records, indent=2, ensure_ascii=False) + "\n")

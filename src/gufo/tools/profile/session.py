@@ -18,7 +18,7 @@ from gufo.tools.bench.runner import Progress
 from gufo.tools.bench.session import BenchPlan, EngineCache, preflight, run_benchmarks
 from gufo.tools.bench.workload import BenchTest
 from gufo.tools.profile.report import profile_fields
-from gufo.tools.profile.stages import attribute, repetition_range
+from gufo.tools.profile.stages import attribute, describe, repetition_range
 
 
 class RepetitionRanges:
@@ -38,6 +38,7 @@ class ProfilePlan:
     bench: BenchPlan  # one model; its options carry ProfileOptions
     trace: Path | None = None  # where to write the Chrome/Perfetto trace
     peak_gbs: float | None = None  # the device's memory bandwidth, for % of peak
+    events: Path | None = None  # where to describe the profiler's events and their placement (debugging)
 
 
 def run_profile(
@@ -57,6 +58,9 @@ def run_profile(
     events = profiler.profiler.kineto_results.events()
     report(f"reading {len(events)} profiler events")
     per_test = attribute(events, device=device == "cuda")
+    if plan.events is not None:
+        report(f"describing the events in {plan.events}")
+        plan.events.write_text(describe(events))
     if plan.trace is not None:
         report(f"writing the trace to {plan.trace}")
         profiler.export_chrome_trace(str(plan.trace))
