@@ -1,7 +1,8 @@
 """The Triton expert products ("expert_linear" on cuda) against the torch reference's float32 products of
 the dequantized experts, run by the Triton interpreter on CPU (in a worker subprocess: see
 triton_interpreter.py): the gathered (decode) products for one token's row and for one row per expert,
-the grouped (prefill) products, and the int8 choice made by one expert's size."""
+the grouped (prefill) products, and the int8 choice made by one expert's size; a codebook format
+(IQ4_XS) too, whose value table is no per-expert plane."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def expert_tensor(qtype: gguf.GGMLQuantizationType) -> TensorInfo:
         data = rng.standard_normal((N_EXPERTS, ROWS, cols), dtype=np.float32).view(np.uint8)
         return TensorInfo("w", qtype, (N_EXPERTS, ROWS, cols), 0, data.nbytes, data)
     blocks = rng.integers(0, 256, (N_EXPERTS * ROWS, cols // block_elems, block_bytes), dtype=np.uint8)
-    offsets = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}[qtype]  # the fp16 scales (ggml's structs)
+    offsets = {Q.Q4_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_XS: (0,)}[qtype]  # the fp16 scales (ggml's structs)
     for offset in offsets:
         halves = (rng.uniform(-1, 1, blocks.shape[:2]) * 0.01).astype(np.float16)
         blocks[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
@@ -80,7 +81,7 @@ def check(qtype: gguf.GGMLQuantizationType, int8_min_weights: int, rel: float) -
 
 def interpreter_cases():
     cases = {f"float32-{q.name}": lambda q=q: check(q, KernelOptions().int8_min_weights, FLOAT32_REL)
-             for q in (Q.Q4_K, Q.Q6_K, Q.F32)}  # fmt: skip
+             for q in (Q.Q4_K, Q.Q6_K, Q.IQ4_XS, Q.F32)}  # fmt: skip
     # int8 activations wherever one expert is large enough: the gathered products too (the formats'
     # own kernels are test_triton_gemv's; these check the gathering and grouping around them)
     cases["int8-Q4_K"] = lambda: check(Q.Q4_K, 0, INT8_REL)

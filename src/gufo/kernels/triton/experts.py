@@ -13,6 +13,7 @@ Both decide int8 activations by one expert's matrix, so decode and prefill multi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from gufo.kernels.registry import Registration
 from gufo.kernels.triton.gemv import TritonLinear
 from gufo.kernels.triton.gemv_kernels import FORMATS
 from gufo.kernels.triton.launch import MAX_BLOCK_M, gemv, runs_on_int8
-from gufo.kernels.triton.planes import TritonWeight, upload
+from gufo.kernels.triton.planes import FIELDS, TritonWeight, upload
 from gufo.options import KernelOptions
 
 NEVER_INT8 = 2**62  # an int8 limit no matrix reaches
@@ -35,10 +36,16 @@ class ExpertWeight:
     n_experts: int
     rows: int
 
+    def experts(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> TritonWeight:
+        """The matrix of the experts `pick` takes from each field plane viewed [n_experts, rows, -1],
+        their rows one after the other; the format's value tables (codebooks) follow the planes whole."""
+        w, fields = self.matrices, len(FIELDS[self.matrices.qtype])
+        planes = tuple(pick(p.view(self.n_experts, self.rows, -1)).flatten(0, 1) for p in w.planes[:fields])
+        return TritonWeight(w.qtype, (planes[0].shape[0], w.shape[1]), planes + w.planes[fields:])
+
     def expert(self, e: int) -> TritonWeight:
         """Expert e's matrix: row views of the planes (no copy)."""
-        r, w = self.rows, self.matrices
-        return TritonWeight(w.qtype, (r, w.shape[1]), tuple(p[e * r : (e + 1) * r] for p in w.planes))
+        return self.experts(lambda plane: plane[e : e + 1])
 
 
 class TritonExpertLinear(ExpertLinearKernel):
@@ -54,13 +61,10 @@ class TritonExpertLinear(ExpertLinearKernel):
         return ExpertWeight(upload(info, device), n_experts, rows)
 
     def gathered(self, x: torch.Tensor, weight: ExpertWeight, experts: torch.Tensor) -> torch.Tensor:
-        n, r, w = experts.shape[0], weight.rows, weight.matrices
+        n, r = experts.shape[0], weight.rows
         if not 0 < n <= self.max_assignments or x.shape[0] not in (1, n):
             raise ValueError(f"gathered expert product: {n} experts for {x.shape[0]} rows")
-        planes = tuple(
-            p.view(weight.n_experts, r, -1).index_select(0, experts).flatten(0, 1) for p in w.planes
-        )
-        picked = TritonWeight(w.qtype, (n * r, w.shape[1]), planes)
+        picked = weight.experts(lambda plane: plane.index_select(0, experts))
         y = gemv(x, picked, self._int8_limit(weight), self.linear.launch)  # [x rows, n * r]
         if x.shape[0] == 1:
             return y.reshape(n, r)
