@@ -207,8 +207,10 @@ def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = Fals
         choices=SPECULATIVE_MODES,
         required=required,
         default=None,
-        help="draft tokens by prompt lookup (ngram) or with a smaller model (draft, needs --draft-model) "
-        "and verify them in one pass of the model" + ("" if required else " (default: off)"),
+        help="draft tokens by prompt lookup (ngram), with a smaller model (draft, needs --draft-model) or "
+        "with the model's own multi-token-prediction block (mtp: qwen35, qwen35moe and qwen3next files "
+        "converted with it; on GPUs with --eager) and verify them in one pass of the model"
+        + ("" if required else " (default: off)"),
     )
     group.add_argument(
         "--draft-model",

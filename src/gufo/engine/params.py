@@ -27,7 +27,7 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-SPECULATIVE_MODES = ("ngram", "draft")
+SPECULATIVE_MODES = ("ngram", "draft", "mtp")
 
 
 @dataclass(frozen=True)
