@@ -340,3 +340,39 @@ def test_mtp_without_the_block_is_one_line(capsys, converted, command):
     code, _, err = gufo(capsys, command, "-m", str(path), *extra, "--speculative", "mtp")
     assert code == 2
     assert "has no multi-token-prediction block" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("converted", WITH_MTP, indirect=True)
+def test_synth_mtp_plans_the_converters_tensors(converted):
+    """`gufo synth --mtp` of this model's shape names and shapes every tensor, the MTP block's too, as
+    llama.cpp's converter wrote them, with its block_count and nextn_predict_layers."""
+    from qwen35_gguf import EXPERTS
+
+    from gufo.tools.synth.plan import plan_synth
+    from gufo.tools.synth.presets import Qwen35MoeShape, Qwen35Shape
+    from gufo.tools.synth.type_mix import find_mix
+
+    model, path = converted
+    cfg, mf = model.config, open_model_file(path)
+    fields = dict(
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        linear_num_value_heads=cfg.linear_num_value_heads,
+        tie_word_embeddings=False,
+        head_dim=cfg.head_dim,
+        linear_num_key_heads=cfg.linear_num_key_heads,
+        linear_key_head_dim=cfg.linear_key_head_dim,
+        linear_value_head_dim=cfg.linear_value_head_dim,
+    )
+    if mf.architecture == "qwen35moe":
+        shape = Qwen35MoeShape(intermediate_size=0, **fields, **EXPERTS)
+    else:
+        shape = Qwen35Shape(intermediate_size=cfg.intermediate_size, **fields)
+    plan = plan_synth("tiny", shape, find_mix("Q8_0"), mf, mtp=True)
+    assert {t.name: tuple(t.shape) for t in plan.tensors} == {
+        name: tuple(info.shape) for name, info in mf.tensors.items()
+    }
+    for key in ("block_count", "nextn_predict_layers"):
+        assert plan.hparams[key] == mf.arch_key(key)
