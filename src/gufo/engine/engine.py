@@ -311,27 +311,46 @@ class Engine:
             return self._decode_tokens(tokens, position, slot)
 
     def _decode_tokens(self, tokens: Sequence[int], position: int, slot: int) -> torch.Tensor:
-        recurrent = self.cache.recurrent
-        if recurrent is not None:  # checkpoints for `keep_tokens`; no batched kernel takes this state yet
-            rows = []
-            pool = self._checkpoints.setdefault(slot, [])
-            for i, t in enumerate(tokens):
-                if i > len(pool):
-                    pool.append(recurrent.save(slot))
-                elif i:
-                    recurrent.save(slot, into=pool[i - 1])
-                rows.append(self.decode_step(t, position + i, slot).clone())  # graphs reuse their buffer
-            self._checkpointed[slot] = len(tokens) - 1
-            return torch.stack(rows)
         limit = self.model.decode_route.max_tokens or len(tokens)
+        one_pass = self.batch_invariant_decode and 1 < len(tokens) <= limit
+        if self.cache.recurrent is not None:
+            return self._decode_recurrent(tokens, position, slot, one_pass and self.graph_decoder is None)
         # a lone token (nothing drafted) is a plain decode step: a graph replay on GPUs
-        if not self.batch_invariant_decode or not 1 < len(tokens) <= limit:
+        if not one_pass:
             steps = (self.decode_step(t, position + i, slot).clone() for i, t in enumerate(tokens))
             return torch.stack(list(steps))
         if self.graph_decoder is not None and self.multi_token_graphs:
             return self.graph_decoder.decode(tokens, position, slot).clone()  # the graph's buffer is reused
         ids = torch.tensor(list(tokens), dtype=torch.long)
         return self.forward(ids, slot, position, all_logits=True, per_token=True)
+
+    def _decode_recurrent(
+        self, tokens: Sequence[int], position: int, slot: int, one_pass: bool
+    ) -> torch.Tensor:
+        """`decode_tokens` with recurrent state, checkpointed after each token but the last for
+        `keep_tokens`: in one batch-invariant pass whose layers step token by token (the CPU's), else one
+        decode step per token (no batched kernel takes this state on GPUs yet)."""
+        recurrent = self.cache.recurrent
+        pool = self._checkpoints.setdefault(slot, [])
+        while len(pool) < len(tokens) - 1:
+            pool.append(recurrent.save(slot))  # a buffer: its values are overwritten before any read
+        self._checkpointed[slot] = 0  # until this pass has written the checkpoints
+        if one_pass:
+            recurrent.keep_steps(slot, pool[: len(tokens) - 1])
+            try:
+                ids = torch.tensor(list(tokens), dtype=torch.long)
+                rows = self.forward(ids, slot, position, all_logits=True, per_token=True)
+            finally:
+                recurrent.keep_steps(slot, None)
+        else:
+            steps = []
+            for i, t in enumerate(tokens):
+                if i:
+                    recurrent.save(slot, into=pool[i - 1])
+                steps.append(self.decode_step(t, position + i, slot).clone())  # graphs reuse their buffer
+            rows = torch.stack(steps)
+        self._checkpointed[slot] = len(tokens) - 1
+        return rows
 
     def prepare_verification(self, n_tokens: int, slot: int = 0) -> None:
         """Capture now the graphs that `decode_tokens` replays for up to `n_tokens` tokens on `slot` (one

@@ -152,12 +152,16 @@ class GatedDeltaNet:
         start_pos: int | DevicePosition | TokenPositions,
     ) -> torch.Tensor:
         """With `TokenPositions` each token after the (batched) input projections runs the mixer as its
-        own one-token step would, conv and delta-rule state advanced token by token."""
+        own one-token step would, conv and delta-rule state advanced token by token (and kept after each
+        where the state's `keep_steps` asks)."""
         state = cache.recurrent
         conv, delta = state.conv[layer][slot], state.delta[layer][slot]
         projected = self.project(x)
         if isinstance(start_pos, TokenPositions):
-            rows = [self.mix(*(p[t : t + 1] for p in projected), conv, delta) for t in range(x.shape[0])]
+            rows = []
+            for t in range(x.shape[0]):
+                rows.append(self.mix(*(p[t : t + 1] for p in projected), conv, delta))
+                state.stepped(layer, slot, t)
             out = torch.cat(rows)
         else:
             out = self.mix(*projected, conv, delta)
