@@ -376,3 +376,42 @@ def test_synth_mtp_plans_the_converters_tensors(converted):
     }
     for key in ("block_count", "nextn_predict_layers"):
         assert plan.hparams[key] == mf.arch_key(key)
+
+
+@pytest.mark.parametrize("converted", ["qwen35"], indirect=True)
+def test_mtp_speculators_of_two_slots_interleave_as_the_server_runs_them(converted):
+    """Two sequences verified step by step in turn on two slots (each slot's own MTP entries and trunk
+    rows), then a new sequence on slot 0 sharing the start of its last: each gives plain greedy output."""
+    from gufo.engine.params import SpeculativeParams
+    from gufo.engine.sampling import Sampler, SamplingParams
+    from gufo.engine.speculative import SpeculativeStats, make_speculators
+
+    model, path = converted
+    greedy, count = SamplingParams(temperature=0.0), 8
+    engine, plain = Engine(path, context=SEQ, n_slots=2), Engine(path, context=SEQ)
+    speculators = make_speculators(engine, SpeculativeParams("mtp", draft_max=2))
+    ids = tokens(model.config.vocab_size).tolist()
+    for prompts in ([ids[:9], ids[20:31]], [ids[:5] + ids[40:44]]):
+        histories, samplers = {}, {}
+        for slot, prompt in enumerate(prompts):
+            samplers[slot] = Sampler(greedy)
+            logits = engine.prefill(prompt, slot)
+            histories[slot] = [*prompt, samplers[slot](logits, prompt)]
+        while any(len(h) < len(p) + count for h, p in zip(histories.values(), prompts, strict=True)):
+            for slot, prompt in enumerate(prompts):
+                history, wanted = histories[slot], len(prompt) + count - len(histories[slot])
+                if wanted <= 0:
+                    continue
+                _, verified = speculators[slot].step(
+                    history, wanted, samplers[slot], slot, SpeculativeStats()
+                )
+                used = 0
+                for token in verified:
+                    history.append(token)
+                    used += 1
+                    if used == wanted:
+                        break
+                engine.keep_tokens(slot, used)
+        for slot, prompt in enumerate(prompts):
+            expected = plain.generate(prompt, count, greedy, stop_at_eog=False).generated_ids
+            assert histories[slot][len(prompt) :] == expected, slot

@@ -9,7 +9,7 @@ import re
 
 from gufo.cli.compat import add_device_flags, add_llama_compat_flags, check_llama_compat, device, lock_memory
 from gufo.cli.progress import add_progress_flags, load_reported
-from gufo.engine.params import SPECULATIVE_MODES, SamplingParams, SpeculativeParams
+from gufo.engine.params import DRAFT_MAX, SPECULATIVE_MODES, SamplingParams, SpeculativeParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
 from gufo.options import (
@@ -221,8 +221,10 @@ def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = Fals
     group.add_argument(
         "--draft-max",
         type=positive_int,
-        default=defaults.draft_max,
-        help=f"most tokens drafted per step (default {defaults.draft_max})",
+        default=None,
+        help="most tokens drafted per step (default "
+        + ", ".join(f"{count} with {mode}" for mode, count in DRAFT_MAX.items())
+        + ")",
     )
     group.add_argument(
         "--draft-min",
