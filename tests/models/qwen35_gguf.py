@@ -11,6 +11,7 @@ and those experts. Tensor names come from the gguf package's own name map.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import gguf
@@ -225,3 +226,57 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+class MultiTokenPrediction(torch.nn.Module):
+    """The multi-token-prediction block as Qwen3.5 checkpoints hold it (`mtp.*`, which transformers does
+    not load): fc over [pre_fc_norm_embedding(embedding), pre_fc_norm_hidden(hidden)], one full-attention
+    decoder layer of the model's own class, norm; the model's lm_head gives its logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        modeling = sys.modules[type(model).__module__]
+        family = type(model).__name__.removesuffix("ForCausalLM")  # Qwen3_5, Qwen3_5Moe, Qwen3Next
+        norm, layer = getattr(modeling, f"{family}RMSNorm"), getattr(modeling, f"{family}DecoderLayer")
+        cfg = model.config
+        hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        self.pre_fc_norm_embedding, self.pre_fc_norm_hidden, self.norm = (norm(hidden, eps) for _ in range(3))
+        self.layers = torch.nn.ModuleList([layer(cfg, cfg.layer_types.index("full_attention"))])
+
+
+def with_mtp(model, seed: int = 7):
+    """`model` with a random multi-token-prediction block (`model.mtp`, saved as `mtp.*`), scaled as
+    tiny_hf_model scales the trunk; config.json then needs mtp_num_hidden_layers = 1."""
+    model.mtp = MultiTokenPrediction(model).eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.mtp.named_parameters():
+            if "norm" in name:
+                param.copy_(0.2 * torch.randn_like(param))
+            elif name.endswith("mlp.gate.weight"):
+                param.copy_(torch.randn_like(param))
+            else:
+                param.copy_(0.15 * torch.randn_like(param))
+    return model
+
+
+def mtp_forward(model, tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's logits [T, vocab] and output-normed hidden states [T, hidden] at positions 0..T - 1,
+    token i read with hidden[i] (the output-normed hidden state of position i - 1): fc, the decoder layer
+    under a causal mask, norm, lm_head."""
+    mtp, n = model.mtp, tokens.shape[0]
+    with torch.no_grad():
+        embedded = model.model.embed_tokens(tokens[None])
+        x = mtp.fc(torch.cat([mtp.pre_fc_norm_embedding(embedded), mtp.pre_fc_norm_hidden(hidden[None])], -1))
+        rotary = model.model.rotary_emb(x, torch.arange(n)[None])
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        x = mtp.layers[0](x, position_embeddings=rotary, attention_mask=mask)
+        normed = mtp.norm(x)[0]
+        return model.lm_head(normed).float(), normed.float()
+
+
+def trunk_hidden(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The trunk's output-normed hidden states [T, hidden] (transformers' last_hidden_state)."""
+    with torch.no_grad():
+        return model.model(tokens[None]).last_hidden_state[0].float()

@@ -6,6 +6,8 @@ fused tensors of --fuse-qkv / --fuse-gate-up-exps. Positions run past each scali
 
 from __future__ import annotations
 
+import re
+
 import gguf
 import numpy as np
 import pytest
@@ -102,22 +104,27 @@ GPT2_VOCAB = 50257  # ggml-vocab-gpt-2.gguf's size
 # The hybrids, whose converter takes only BPE vocabularies: (architecture, full-attention interval, flags,
 # config.json overrides). The saved Qwen3.5-MoE says model_type qwen3_5_text: for qwen3_5_moe_text
 # transformers would load the tokenizer as Qwen3_5Tokenizer (its pre-tokenizer over GPT-2's vocabulary),
-# whose hash the converter does not know; the model's own keys are unchanged.
+# whose hash the converter does not know; the model's own keys are unchanged. Those converted without
+# --no-mtp carry a random multi-token-prediction block (mtp.*, which the converter keeps).
 HYBRIDS = {
-    "qwen35": ("qwen35", 4, ("--no-mtp",), None),
+    "qwen35": ("qwen35", 4, (), None),
     "qwen3next-fuse-gate-up-exps": ("qwen3next", 2, ("--fuse-gate-up-exps", "--no-mtp"), None),
-    "qwen35moe": ("qwen35moe", 4, ("--no-mtp",), {"model_type": "qwen3_5_text"}),
+    "qwen35moe": ("qwen35moe", 4, (), {"model_type": "qwen3_5_text"}),
 }
+WITH_MTP = [name for name, (_, _, flags, _) in HYBRIDS.items() if "--no-mtp" not in flags]
 
 
 @pytest.fixture(scope="module", params=[*CASES, *HYBRIDS])
 def converted(request, tmp_path_factory, shared_dir):
     folder = tmp_path_factory.mktemp(request.param)
     if request.param in HYBRIDS:
-        from qwen35_gguf import tiny_hf_model  # its weight scales keep every DeltaNet and expert in play
+        # its weight scales keep every DeltaNet and expert in play
+        from qwen35_gguf import tiny_hf_model, with_mtp
 
         arch, interval, flags, config = HYBRIDS[request.param]
         model = tiny_hf_model(interval, arch=arch, vocab=GPT2_VOCAB)
+        if request.param in WITH_MTP:
+            model, config = with_mtp(model), {**(config or {}), "mtp_num_hidden_layers": 1}
         vocab = shared_dir / "vocab/ggml-vocab-gpt-2.gguf"
         return model, convert(model, folder, *flags, gpt2_vocab=vocab, config=config)
     cls, config, flags = CASES[request.param]
@@ -246,3 +253,165 @@ def test_biases_under_tensor_parallelism_match_one_process(tmp_path):
 
     model = randomize(transformers.LlamaForCausalLM(llama(attention_bias=True, mlp_bias=True)))
     check_equal(convert(model, tmp_path), 2, [1, 5, 9, 3, 7, 2, 11, 4, 30, 17], tmp_path)
+
+
+def shifted(hidden: torch.Tensor) -> torch.Tensor:
+    """Row i: the hidden state of position i - 1 (zeros before the first), what the MTP block reads."""
+    return torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])
+
+
+@pytest.mark.parametrize("converted", WITH_MTP, indirect=True)
+def test_mtp_block_logits_match_transformers_modules(converted):
+    """The multi-token-prediction block (llama.cpp's graph_mtp) from transformers' trunk hidden states, at
+    every position, against the block written with transformers' own modules (transformers runs none)."""
+    from qwen35_gguf import mtp_forward, trunk_hidden
+
+    register_all("cpu")
+    model, path = converted
+    ids = tokens(model.config.vocab_size)
+    hidden = shifted(trunk_hidden(model, ids))
+    want, _ = mtp_forward(model, ids, hidden)
+    mf = open_model_file(path)
+    block = build_model(mf, "cpu").multi_token_prediction(mf, "cpu")
+    with torch.inference_mode():
+        got = block.logits(block(ids, hidden, block.new_cache(1, SEQ), 0, 0)).float()
+    assert float((got - want).abs().max()) <= TOLERANCE
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("converted", ["qwen35"], indirect=True)
+def test_mtp_drafts_are_the_blocks_and_greedy_output_is_plain(converted):
+    """Every draft `--speculative mtp` verifies is the block's greedy chain, recomputed with transformers'
+    modules from the whole context (trunk hidden states of the context, the block's own for each drafted
+    token); the generated ids are plain greedy decoding's. Random weights accept almost no draft, so
+    every step re-pairs the verified tokens with the trunk's hidden states."""
+    from qwen35_gguf import mtp_forward, trunk_hidden
+
+    from gufo.engine.params import SpeculativeParams
+    from gufo.engine.sampling import SamplingParams
+    from gufo.engine.speculative import make_speculator
+
+    model, path = converted
+    engine = Engine(path, context=SEQ)
+    speculator = make_speculator(engine, SpeculativeParams("mtp", draft_max=3))
+    proposer, proposals = speculator.proposer, []
+
+    def recorded(history, limit, sampler):
+        draft = type(proposer).propose(proposer, history, limit, sampler)
+        proposals.append((list(history), draft.tokens))
+        return draft
+
+    proposer.propose = recorded
+    prompt, greedy = tokens(model.config.vocab_size)[:12].tolist(), SamplingParams(temperature=0.0)
+    ids = speculator.generate(prompt, 10, greedy, stop_at_eog=False).generated_ids
+    assert ids == engine.generate(prompt, 10, greedy, stop_at_eog=False).generated_ids
+    assert len(proposals) == speculator.stats.steps and speculator.stats.drafted > 0
+    for history, drafted in proposals:
+        context = torch.tensor(history)
+        hidden = torch.cat([torch.zeros(1, model.config.hidden_size), trunk_hidden(model, context[:-1])])
+        chain = []
+        while len(chain) < len(drafted):
+            logits, normed = mtp_forward(model, context, hidden)
+            chain.append(int(logits[-1].argmax()))
+            context, hidden = torch.cat([context, torch.tensor(chain[-1:])]), torch.cat([hidden, normed[-1:]])
+        assert drafted == chain, history
+
+
+@pytest.mark.parametrize("converted", ["qwen35"], indirect=True)
+def test_run_speculative_mtp_prints_plain_greedy_output(capsys, converted):
+    _, path = converted
+    common = ["run", "-m", str(path), "-p", "the cat sat on the mat", "-n", "12", "--temp", "0", "--verbose"]
+    code, plain_out, plain_err = gufo(capsys, *common, "--ignore-eos")
+    assert code == 0, plain_err
+    code, out, err = gufo(capsys, *common, "--ignore-eos", "--speculative", "mtp", "--draft-max", "2")
+    assert code == 0, err
+    trace = re.compile(r"\[TokenTrace\]: count=12 sha256=[0-9a-f]{64}")
+    assert trace.search(err)[0] == trace.search(plain_err)[0] and out == plain_out
+    drafted, accepted = map(int, re.search(r"\[Speculative\]: drafted=(\d+) accepted=(\d+)", err).groups())
+    assert 0 < drafted <= 2 * 11 and 0 <= accepted <= drafted
+
+
+@pytest.mark.parametrize("converted", ["qwen3next-fuse-gate-up-exps"], indirect=True)
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_mtp_without_the_block_is_one_line(capsys, converted, command):
+    """A file converted with --no-mtp: exit 2 and one line, before the server listens."""
+    _, path = converted
+    extra = ["-p", "the", "-n", "2"] if command == "run" else ["--port", "0"]
+    code, _, err = gufo(capsys, command, "-m", str(path), *extra, "--speculative", "mtp")
+    assert code == 2
+    assert "has no multi-token-prediction block" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("converted", WITH_MTP, indirect=True)
+def test_synth_mtp_plans_the_converters_tensors(converted):
+    """`gufo synth --mtp` of this model's shape names and shapes every tensor, the MTP block's too, as
+    llama.cpp's converter wrote them, with its block_count and nextn_predict_layers."""
+    from qwen35_gguf import EXPERTS
+
+    from gufo.tools.synth.plan import plan_synth
+    from gufo.tools.synth.presets import Qwen35MoeShape, Qwen35Shape
+    from gufo.tools.synth.type_mix import find_mix
+
+    model, path = converted
+    cfg, mf = model.config, open_model_file(path)
+    fields = dict(
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        linear_num_value_heads=cfg.linear_num_value_heads,
+        tie_word_embeddings=False,
+        head_dim=cfg.head_dim,
+        linear_num_key_heads=cfg.linear_num_key_heads,
+        linear_key_head_dim=cfg.linear_key_head_dim,
+        linear_value_head_dim=cfg.linear_value_head_dim,
+    )
+    if mf.architecture == "qwen35moe":
+        shape = Qwen35MoeShape(intermediate_size=0, **fields, **EXPERTS)
+    else:
+        shape = Qwen35Shape(intermediate_size=cfg.intermediate_size, **fields)
+    plan = plan_synth("tiny", shape, find_mix("Q8_0"), mf, mtp=True)
+    assert {t.name: tuple(t.shape) for t in plan.tensors} == {
+        name: tuple(info.shape) for name, info in mf.tensors.items()
+    }
+    for key in ("block_count", "nextn_predict_layers"):
+        assert plan.hparams[key] == mf.arch_key(key)
+
+
+@pytest.mark.parametrize("converted", ["qwen35"], indirect=True)
+def test_mtp_speculators_of_two_slots_interleave_as_the_server_runs_them(converted):
+    """Two sequences verified step by step in turn on two slots (each slot's own MTP entries and trunk
+    rows), then a new sequence on slot 0 sharing the start of its last: each gives plain greedy output."""
+    from gufo.engine.params import SpeculativeParams
+    from gufo.engine.sampling import Sampler, SamplingParams
+    from gufo.engine.speculative import SpeculativeStats, make_speculators
+
+    model, path = converted
+    greedy, count = SamplingParams(temperature=0.0), 8
+    engine, plain = Engine(path, context=SEQ, n_slots=2), Engine(path, context=SEQ)
+    speculators = make_speculators(engine, SpeculativeParams("mtp", draft_max=2))
+    ids = tokens(model.config.vocab_size).tolist()
+    for prompts in ([ids[:9], ids[20:31]], [ids[:5] + ids[40:44]]):
+        histories, samplers = {}, {}
+        for slot, prompt in enumerate(prompts):
+            samplers[slot] = Sampler(greedy)
+            logits = engine.prefill(prompt, slot)
+            histories[slot] = [*prompt, samplers[slot](logits, prompt)]
+        while any(len(h) < len(p) + count for h, p in zip(histories.values(), prompts, strict=True)):
+            for slot, prompt in enumerate(prompts):
+                history, wanted = histories[slot], len(prompt) + count - len(histories[slot])
+                if wanted <= 0:
+                    continue
+                _, verified = speculators[slot].step(
+                    history, wanted, samplers[slot], slot, SpeculativeStats()
+                )
+                used = 0
+                for token in verified:
+                    history.append(token)
+                    used += 1
+                    if used == wanted:
+                        break
+                engine.keep_tokens(slot, used)
+        for slot, prompt in enumerate(prompts):
+            expected = plain.generate(prompt, count, greedy, stop_at_eog=False).generated_ids
+            assert histories[slot][len(prompt) :] == expected, slot

@@ -148,6 +148,25 @@ def test_rejected_drafts_leave_the_state_of_plain_decoding(model_path):
     check_rejections_leave_plain_state(Engine(model_path, context=128), state_tensors, poison)
 
 
+def test_int8_verification_is_one_pass_with_the_decode_logits(int8_model_path):
+    """On the batch-invariant int8 route the drafts are verified in one pass (no decode step), each
+    token's logits those of its own decode step bit for bit."""
+    prompt, tokens = [1, 5, 6, 7, 5, 6], [9, 40, 3, 17, 64, 2]
+    plain = Engine(int8_model_path, context=64)
+    plain.prefill(prompt)
+    steps = torch.stack([plain.decode(t, len(prompt) + i) for i, t in enumerate(tokens)])
+    engine = Engine(int8_model_path, context=64)
+    engine.prefill(prompt)
+    engine.decode_step = None  # any decode step would fail
+    assert torch.equal(engine.decode_tokens(tokens, len(prompt)), steps)
+
+
+def test_int8_rejected_drafts_leave_the_state_of_plain_decoding(int8_model_path):
+    """The one-pass verification's checkpoints: after rejections at every draft position the state
+    equals a run that never drafted, bit for bit."""
+    check_rejections_leave_plain_state(Engine(int8_model_path, context=128), state_tensors, poison)
+
+
 def test_only_attention_layers_hold_kv(model_path):
     engine = Engine(model_path, context=64)
     lengths = [k.shape[2] for k in engine.cache.keys]

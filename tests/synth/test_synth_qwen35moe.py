@@ -5,6 +5,7 @@ types for the expert tensors, and a file gufo runs."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import gguf
@@ -131,3 +132,36 @@ def test_gufo_runs_the_file_and_prefill_matches_decode(synth_file):
     assert torch.isfinite(engine.prefill([1, 2, 3, 4])).all()
     result = validate_prefill(engine, 32)
     assert result.passed, result.lines()
+
+
+def test_mtp_file_runs_speculative_mtp_as_plain_greedy(tmp_path, capsys):
+    """`--mtp` writes the multi-token-prediction block (nextn.eh_proj at the base type, its norms float)
+    and `--speculative mtp` on the file prints plain greedy decoding's tokens."""
+    out = tmp_path / "tiny-mtp.gguf"
+    assert main(["synth", "--arch", "qwen35moe", "--preset", "tiny", "--mtp", "-o", str(out)]) == 0
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    assert types[f"blk.{LAYERS}.nextn.eh_proj.weight"] == "Q4_K"
+    assert {types[f"blk.{LAYERS}.nextn.{n}.weight"] for n in ("enorm", "hnorm", "shared_head_norm")} == {
+        "F32"
+    }
+    capsys.readouterr()
+    run = [
+        "run",
+        "-m",
+        str(out),
+        "-p",
+        "one two three",
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--verbose",
+    ]
+    outputs = []
+    for extra in ([], ["--speculative", "mtp", "--draft-max", "2"]):
+        assert main(run + extra) == 0
+        captured = capsys.readouterr()
+        outputs.append((captured.out, re.search(r"\[TokenTrace\]: .*", captured.err)[0]))
+    assert outputs[0] == outputs[1]
+    assert re.search(r"\[Speculative\]: drafted=[1-9]", captured.err), captured.err

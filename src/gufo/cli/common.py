@@ -9,7 +9,7 @@ import re
 
 from gufo.cli.compat import add_device_flags, add_llama_compat_flags, check_llama_compat, device, lock_memory
 from gufo.cli.progress import add_progress_flags, load_reported
-from gufo.engine.params import SPECULATIVE_MODES, SamplingParams, SpeculativeParams
+from gufo.engine.params import DRAFT_MAX, SPECULATIVE_MODES, SamplingParams, SpeculativeParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
 from gufo.options import (
@@ -207,8 +207,10 @@ def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = Fals
         choices=SPECULATIVE_MODES,
         required=required,
         default=None,
-        help="draft tokens by prompt lookup (ngram) or with a smaller model (draft, needs --draft-model) "
-        "and verify them in one pass of the model" + ("" if required else " (default: off)"),
+        help="draft tokens by prompt lookup (ngram), with a smaller model (draft, needs --draft-model) or "
+        "with the model's own multi-token-prediction block (mtp: qwen35, qwen35moe and qwen3next files "
+        "converted with it; on GPUs with --eager) and verify them in one pass of the model"
+        + ("" if required else " (default: off)"),
     )
     group.add_argument(
         "--draft-model",
@@ -219,8 +221,10 @@ def add_speculative_flags(parser: argparse.ArgumentParser, required: bool = Fals
     group.add_argument(
         "--draft-max",
         type=positive_int,
-        default=defaults.draft_max,
-        help=f"most tokens drafted per step (default {defaults.draft_max})",
+        default=None,
+        help="most tokens drafted per step (default "
+        + ", ".join(f"{count} with {mode}" for mode, count in DRAFT_MAX.items())
+        + ")",
     )
     group.add_argument(
         "--draft-min",

@@ -191,16 +191,17 @@ def webui_on(host: str, flag: bool | None) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from gufo.engine.loader import open_checked
-    from gufo.engine.speculative import check_draft_model
+    from gufo.engine.speculative import check_proposer
     from gufo.parallel.mirror import follow
     from gufo.parallel.model import preflight
     from gufo.parallel.process_group import launched_rank
 
     # a bad -m, or a truncated or unsupported file, is one line and exit 2 before anything listens
     path, model_file = open_checked(args.model)
-    speculative = speculative_params(args)  # so are bad speculative flags and a mismatched draft model
-    if speculative is not None and speculative.mode == "draft":
-        check_draft_model(model_file, args.draft_model)
+    # so are bad speculative flags, a mismatched draft model and a file without an MTP block
+    speculative = speculative_params(args)
+    if speculative is not None:
+        check_proposer(model_file, speculative, args.draft_model)
     settings = ServerSettings(
         model_id=model_id(args, path),
         max_tokens=args.max_tokens,

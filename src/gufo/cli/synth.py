@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "per-tensor type mix for --qtype, and a real vocabulary copied from another GGUF, so that both "
         "gufo and llama.cpp can load and benchmark it. It produces noise, not text. qwen35 is the dense "
         "Qwen3.5 hybrid (Gated DeltaNet layers, gated full attention every 4th layer), written as "
-        "`convert_hf_to_gguf.py --no-mtp` lays it out: without the multi-token-prediction block; qwen35moe "
+        "`convert_hf_to_gguf.py --no-mtp` lays it out (without the multi-token-prediction block, unless "
+        "--mtp); qwen35moe "
         "is its mixture-of-experts variant (routed experts plus a shared one in every FFN; preset tiny is "
         "a small test shape, no real model). The "
         "file (or the parts of a split file, --split-max-size) is written in a temporary folder beside FILE "
@@ -71,6 +72,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="use N layers instead of the preset's, for quick tests (then not the real model's size)",
     )
+    parser.add_argument(
+        "--mtp",
+        action="store_true",
+        help="qwen35, qwen35moe: also write the multi-token-prediction block after the layers, as "
+        "convert_hf_to_gguf.py does without --no-mtp (for --speculative mtp)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -97,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if args.layers is not None:
         shape = shape.with_layers(args.layers)
     vocab = open_model_file(resolve_model(args.vocab_from))
-    plan = plan_synth(args.preset.lower(), shape, mix, vocab)
+    plan = plan_synth(args.preset.lower(), shape, mix, vocab, args.mtp)
     # disable=None: a progress bar only when stderr is a terminal.
     with tqdm(
         total=plan.data_bytes, unit="B", unit_scale=True, desc="synth", file=sys.stderr, disable=None
@@ -114,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         str(written[0]) if len(written) == 1 else f"{len(written)} parts {written[0]} .. {written[-1].name}"
     )
     print(
-        f"wrote {files}: {args.arch} {plan.preset} {mix.name}, {shape.num_hidden_layers} layers, "
+        f"wrote {files}: {args.arch} {plan.preset} {mix.name}, {shape.num_hidden_layers} layers"
+        f"{' and the multi-token-prediction block' if args.mtp else ''}, "
         f"vocabulary {vocab.label} ({plan.tensors[0].shape[0]} tokens), "
         f"{plan.n_parameters / 1e9:.3f} B parameters, {plan.data_bytes / 2**30:.3f} GiB of tensor data"
     )

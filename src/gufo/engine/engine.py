@@ -52,6 +52,35 @@ class GenerationResult:
         return steps / self.generation_seconds if self.generation_seconds else 0.0
 
 
+class HiddenRows:
+    """Per slot, the last layer's output rows ([n_embd], before the output norm) of the passes run on
+    it, by position, for a proposer that reads the model's hidden state (multi-token prediction). A pass
+    overwrites the rows from its first position on; the reader drops those it no longer needs."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._start: dict[int, int] = {}  # slot -> the position of its first kept row
+        self._rows: dict[int, torch.Tensor] = {}  # slot -> [kept rows, n_embd]
+
+    def record(self, slot: int, start: int, rows: torch.Tensor) -> None:
+        kept, first = self._rows.get(slot), self._start.get(slot, 0)
+        if kept is not None and first <= start <= first + kept.shape[0]:
+            rows, start = torch.cat([kept[: start - first], rows]), first
+        self._start[slot], self._rows[slot] = start, rows
+
+    def take(self, slot: int, begin: int, end: int) -> torch.Tensor:
+        """The rows of positions begin..end - 1 [end - begin, n_embd], zeros where no pass on the slot
+        left one (a position before the sequence: -1); the rows before `end` are dropped."""
+        kept, first = self._rows.get(slot, torch.zeros(0, self.width)), self._start.get(slot, begin)
+        out = kept.new_zeros(end - begin, self.width)
+        lo, hi = max(begin, first), min(end, first + kept.shape[0])
+        if lo < hi:
+            out[lo - begin : hi - begin] = kept[lo - first : hi - first]
+        keep_from = max(end, first)
+        self._rows[slot], self._start[slot] = kept[keep_from - first :], keep_from
+        return out
+
+
 class Engine:
     """One process's model on one device. `gufo.parallel.ShardedEngine` runs a rank of a
     tensor-parallel launch by overriding the steps that touch the model (`forward`, `decode_step`,
@@ -112,6 +141,8 @@ class Engine:
 
             if PrefillGraphs.supports(self.model):
                 self.prefill_graphs = PrefillGraphs(self.model, self.cache, self.graph_decoder.device)
+        # the hidden rows of eager passes, kept once a proposer asks for them (`keep_hidden_rows`)
+        self.hidden_rows: HiddenRows | None = None
 
     def _device(self, device: str) -> str:
         """The device this process runs on (a tensor-parallel rank picks its own)."""
@@ -220,13 +251,35 @@ class Engine:
         self, tokens: torch.Tensor, slot: int, start: int, all_logits: bool = False, per_token: bool = False
     ) -> torch.Tensor:
         """One model pass (the only entry to the model besides `decode_step`)."""
-        return self.model.forward(tokens, self.cache, slot, start, all_logits=all_logits, per_token=per_token)
+        return self._eager_pass(tokens, slot, start, all_logits, per_token)
+
+    def _eager_pass(
+        self, tokens: torch.Tensor, slot: int, start: int, all_logits: bool = False, per_token: bool = False
+    ) -> torch.Tensor:
+        """Logits of one eager model pass, its hidden rows kept where a proposer asked for them."""
+        if self.hidden_rows is None:
+            return self.model.forward(
+                tokens, self.cache, slot, start, all_logits=all_logits, per_token=per_token
+            )
+        hidden = self.model.final_hidden(tokens, self.cache, slot, start, per_token)
+        self.hidden_rows.record(slot, start, hidden)
+        return self.model.head(hidden, all_logits)
+
+    def keep_hidden_rows(self) -> HiddenRows:
+        """Keep the hidden rows of every pass from now on (`HiddenRows`); they come from eager passes,
+        so captured graphs and tensor parallelism, which do not hand them out, refuse it."""
+        if self.graph_decoder is not None or self.tensor_parallel > 1:
+            where = "tensor parallelism" if self.tensor_parallel > 1 else "captured CUDA graphs (add --eager)"
+            raise BadInputError(f"the model's hidden state is not kept under {where}")
+        if self.hidden_rows is None:
+            self.hidden_rows = HiddenRows(self.config.n_embd)
+        return self.hidden_rows
 
     def decode_step(self, token: int, position: int, slot: int) -> torch.Tensor:
         """Logits (on the device) of one token: a captured-graph replay on a GPU, else one eager pass."""
         if self.graph_decoder is not None:
             return self.graph_decoder.decode([token], position, slot)[-1]
-        return self.model.forward(torch.tensor([token]), self.cache, slot, position)[-1]
+        return self._eager_pass(torch.tensor([token]), slot, position)[-1]
 
     def snapshot(self, slot: int, length: int) -> CacheSnapshot:
         """`KVCache.snapshot`."""
@@ -258,27 +311,46 @@ class Engine:
             return self._decode_tokens(tokens, position, slot)
 
     def _decode_tokens(self, tokens: Sequence[int], position: int, slot: int) -> torch.Tensor:
-        recurrent = self.cache.recurrent
-        if recurrent is not None:  # checkpoints for `keep_tokens`; no batched kernel takes this state yet
-            rows = []
-            pool = self._checkpoints.setdefault(slot, [])
-            for i, t in enumerate(tokens):
-                if i > len(pool):
-                    pool.append(recurrent.save(slot))
-                elif i:
-                    recurrent.save(slot, into=pool[i - 1])
-                rows.append(self.decode_step(t, position + i, slot).clone())  # graphs reuse their buffer
-            self._checkpointed[slot] = len(tokens) - 1
-            return torch.stack(rows)
         limit = self.model.decode_route.max_tokens or len(tokens)
+        one_pass = self.batch_invariant_decode and 1 < len(tokens) <= limit
+        if self.cache.recurrent is not None:
+            return self._decode_recurrent(tokens, position, slot, one_pass and self.graph_decoder is None)
         # a lone token (nothing drafted) is a plain decode step: a graph replay on GPUs
-        if not self.batch_invariant_decode or not 1 < len(tokens) <= limit:
+        if not one_pass:
             steps = (self.decode_step(t, position + i, slot).clone() for i, t in enumerate(tokens))
             return torch.stack(list(steps))
         if self.graph_decoder is not None and self.multi_token_graphs:
             return self.graph_decoder.decode(tokens, position, slot).clone()  # the graph's buffer is reused
         ids = torch.tensor(list(tokens), dtype=torch.long)
         return self.forward(ids, slot, position, all_logits=True, per_token=True)
+
+    def _decode_recurrent(
+        self, tokens: Sequence[int], position: int, slot: int, one_pass: bool
+    ) -> torch.Tensor:
+        """`decode_tokens` with recurrent state, checkpointed after each token but the last for
+        `keep_tokens`: in one batch-invariant pass whose layers step token by token (the CPU's), else one
+        decode step per token (no batched kernel takes this state on GPUs yet)."""
+        recurrent = self.cache.recurrent
+        pool = self._checkpoints.setdefault(slot, [])
+        while len(pool) < len(tokens) - 1:
+            pool.append(recurrent.save(slot))  # a buffer: its values are overwritten before any read
+        self._checkpointed[slot] = 0  # until this pass has written the checkpoints
+        if one_pass:
+            recurrent.keep_steps(slot, pool[: len(tokens) - 1])
+            try:
+                ids = torch.tensor(list(tokens), dtype=torch.long)
+                rows = self.forward(ids, slot, position, all_logits=True, per_token=True)
+            finally:
+                recurrent.keep_steps(slot, None)
+        else:
+            steps = []
+            for i, t in enumerate(tokens):
+                if i:
+                    recurrent.save(slot, into=pool[i - 1])
+                steps.append(self.decode_step(t, position + i, slot).clone())  # graphs reuse their buffer
+            rows = torch.stack(steps)
+        self._checkpointed[slot] = len(tokens) - 1
+        return rows
 
     def prepare_verification(self, n_tokens: int, slot: int = 0) -> None:
         """Capture now the graphs that `decode_tokens` replays for up to `n_tokens` tokens on `slot` (one

@@ -27,13 +27,16 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-SPECULATIVE_MODES = ("ngram", "draft")
+SPECULATIVE_MODES = ("ngram", "draft", "mtp")
+# most tokens drafted per step unless --draft-max says: mtp takes llama.cpp's 3 (a multi-token-prediction
+# block is trained one token ahead, so its later drafts are kept less and less often)
+DRAFT_MAX = {"ngram": 8, "draft": 8, "mtp": 3}
 
 
 @dataclass(frozen=True)
 class SpeculativeParams:
     mode: str = "ngram"
-    draft_max: int = 8
+    draft_max: int | None = None  # None: the mode's DRAFT_MAX
     draft_min: int = 1  # drafts shorter than this are not verified
     ngram_min: int = 2
 
@@ -41,6 +44,8 @@ class SpeculativeParams:
         if self.mode not in SPECULATIVE_MODES:
             known = ", ".join(SPECULATIVE_MODES)
             raise BadInputError(f"--speculative: unknown mode {self.mode!r} (known: {known})")
+        if self.draft_max is None:
+            object.__setattr__(self, "draft_max", DRAFT_MAX[self.mode])
         if self.draft_max < 1 or self.draft_min < 0 or self.ngram_min < 1:
             raise BadInputError("--draft-max and --ngram-min must be >= 1, --draft-min >= 0")
         if self.draft_min > self.draft_max:

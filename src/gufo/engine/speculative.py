@@ -1,8 +1,9 @@
 """Speculative decoding: cheap proposals verified by the target model, faithful to plain decoding.
 
 A proposer drafts up to `draft_max` tokens that may follow the context: prompt lookup (`NgramProposer`:
-the tokens that followed the longest recent repeat of the context's last n-gram) or a smaller model
-with the same vocabulary (`DraftModelProposer`). The target runs the pending token and the drafts in
+the tokens that followed the longest recent repeat of the context's last n-gram), a smaller model
+with the same vocabulary (`DraftModelProposer`) or the model's own multi-token-prediction block
+(`MtpProposer`). The target runs the pending token and the drafts in
 one `Engine.decode_tokens` pass, whose logits for each token are bit-identical to a plain decode step,
 so greedy output equals plain autoregressive decoding exactly. With temperature > 0 a draft is kept
 with probability min(1, p/q) and a rejection draws from normalised max(p - q, 0) (Leviathan et al.
@@ -18,7 +19,7 @@ the kept tokens again, which costs a full model pass per token; a checkpoint cop
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -31,6 +32,9 @@ from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
 from gufo.gguf.aliases import resolve_model
 from gufo.gguf.model_file import ModelFile, open_model_file
+from gufo.models.archs.qwen35 import MultiTokenPrediction
+from gufo.models.base import mtp_block_index
+from gufo.models.kv_cache import KVCache
 
 NGRAM_MAX = 4  # longest n-gram prompt lookup tries before shorter ones (at least --ngram-min)
 
@@ -133,39 +137,105 @@ class DraftModelProposer:
         limit = min(limit, self.params.draft_max, self.engine.context - len(history))
         if limit < max(1, self.params.draft_min):
             return Draft()
-        shared = 0
-        for a, b in zip(self.fed, history, strict=False):
-            if a != b:
-                break
-            shared += 1
-        shared = min(shared, len(history) - 1)  # feed at least one token to get logits
+        shared = min(common_prefix(self.fed, history), len(history) - 1)  # feed one token at least
         if shared < len(self.fed) and not self.engine.rewindable:
             shared = 0  # a recurrent state cannot go back: feed the context again
         del self.fed[shared:]  # what follows is overwritten now; a failing pass must not leave it claimed
         logits = self.engine.prefill(history[shared:], self.slot, start=shared)
         self.fed = list(history)
-        context = list(history)
-        draft = Draft(probs=None if sampler.params.greedy else [])
-        constraint = sampler.constraint  # drafts are drawn within the grammar, so q is masked as p is
-        for _ in range(limit):
-            if draft.probs is None:
-                token = int(torch.argmax(logits if constraint is None else constraint.mask(logits)))
-            else:
-                q = sampler.probabilities(logits, context)
-                token = int(torch.multinomial(q, 1, generator=sampler.generator))
-            if constraint is not None and not constraint.advance(token):
-                break  # only an argmax of no allowed token (NaN logits): q is 0 where the grammar forbids
-            if draft.probs is not None:
-                draft.probs.append(q)
-            draft.tokens.append(token)
-            context.append(token)
-            if len(draft.tokens) == limit or (constraint is not None and constraint.ended):
-                break
-            logits = self.engine.decode(token, len(context) - 1, self.slot)
+
+        def advance(token: int, position: int) -> torch.Tensor:
+            logits = self.engine.decode(token, position, self.slot)
             self.fed.append(token)
-        if constraint is not None:
-            constraint.rollback(len(draft.tokens))
-        return draft
+            return logits
+
+        return draw_draft(logits, history, limit, sampler, advance)
+
+
+def draw_draft(
+    logits: torch.Tensor,
+    history: Sequence[int],
+    limit: int,
+    sampler: Sampler,
+    advance: Callable[[int, int], torch.Tensor],
+) -> Draft:
+    """Up to `limit` tokens drafted one after another from the drafter's `logits` for the token after
+    `history`: the argmax (greedy) or a draw from the sampler's q; `advance(token, position)` feeds a
+    drafted token to the drafter and gives its logits for the next. Drafts are drawn within the request's
+    grammar, so q is masked as p is."""
+    context = list(history)
+    draft = Draft(probs=None if sampler.params.greedy else [])
+    constraint = sampler.constraint
+    for _ in range(limit):
+        if draft.probs is None:
+            token = int(torch.argmax(logits if constraint is None else constraint.mask(logits)))
+        else:
+            q = sampler.probabilities(logits, context)
+            token = int(torch.multinomial(q, 1, generator=sampler.generator))
+        if constraint is not None and not constraint.advance(token):
+            break  # only an argmax of no allowed token (NaN logits): q is 0 where the grammar forbids
+        if draft.probs is not None:
+            draft.probs.append(q)
+        draft.tokens.append(token)
+        context.append(token)
+        if len(draft.tokens) == limit or (constraint is not None and constraint.ended):
+            break
+        logits = advance(token, len(context) - 1)
+    if constraint is not None:
+        constraint.rollback(len(draft.tokens))
+    return draft
+
+
+class MtpProposer:
+    """The model's multi-token-prediction block drafts (llama.cpp's draft-mtp for qwen35): the pending
+    token with the trunk's hidden state of the position before it gives the first draft, each drafted
+    token with the block's own hidden state the next.
+
+    The block's KV entries of the context pair each token with the trunk's hidden state of the position
+    before (zeros before the first, as llama.cpp), so a kept draft's entry, first made from the block's
+    own state, is made again from the trunk's in the next proposal's first pass; `fed` are the tokens
+    whose entries are so made. The trunk's rows come from the engine's `HiddenRows`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        block: MultiTokenPrediction,
+        cache: KVCache,
+        params: SpeculativeParams,
+        slot: int,
+    ):
+        self.engine, self.block, self.cache, self.params, self.slot = engine, block, cache, params, slot
+        self.rows = engine.keep_hidden_rows()
+        self.fed: list[int] = []
+
+    @torch.inference_mode()
+    def propose(self, history: Sequence[int], limit: int, sampler: Sampler) -> Draft:
+        limit = min(limit, self.params.draft_max, self.engine.context - len(history))
+        if limit < max(1, self.params.draft_min):
+            return Draft()
+        shared = min(common_prefix(self.fed, history), len(history) - 1)
+        end = len(history)
+        trunk = self.block.trunk_hidden(self.rows.take(self.slot, shared - 1, end - 1))
+        del self.fed[shared:]  # as DraftModelProposer: a failing pass must not leave entries claimed
+        hidden = self.block(torch.tensor(history[shared:]), trunk, self.cache, self.slot, shared)[-1:]
+        self.fed = list(history)
+
+        def advance(token: int, position: int) -> torch.Tensor:
+            nonlocal hidden
+            hidden = self.block(torch.tensor([token]), hidden, self.cache, self.slot, position)
+            return self.block.logits(hidden)[-1].cpu()
+
+        return draw_draft(self.block.logits(hidden)[-1].cpu(), history, limit, sampler, advance)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
+    shared = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        shared += 1
+    return shared
 
 
 def accept_or_resample(
@@ -296,6 +366,25 @@ def check_draft_model(target: ModelFile, draft_model: str | None) -> None:
     check_same_vocabulary(target, open_model_file(resolve_model(draft_model)))
 
 
+def check_proposer(target: ModelFile, params: SpeculativeParams, draft_model: str | None) -> None:
+    """What the mode drafts from is there (a draft model of the same vocabulary, the file's MTP block):
+    checked before anything loads."""
+    if params.mode == "draft":
+        check_draft_model(target, draft_model)
+    elif params.mode == "mtp":
+        mtp_block_index(target)
+
+
+def multi_token_prediction(engine: Engine) -> MultiTokenPrediction:
+    """The engine's model's multi-token-prediction block, loaded now; BadInputError where there is none."""
+    load = getattr(engine.model, "multi_token_prediction", None)
+    if load is None:
+        raise BadInputError(
+            f"--speculative mtp: gufo runs no multi-token-prediction block of {engine.config.architecture}"
+        )
+    return load(engine.file, engine.backend)
+
+
 def make_speculators(
     engine: Engine, params: SpeculativeParams, draft_model: str | None = None
 ) -> list[Speculator]:
@@ -304,9 +393,15 @@ def make_speculators(
     n_slots = engine.cache.n_slots
     for slot in range(n_slots):  # the last sampled token plus at most draft_max drafts per pass
         engine.prepare_verification(params.draft_max + 1, slot)
+    check_proposer(engine.file, params, draft_model)
     if params.mode == "ngram":
         return [Speculator(engine, NgramProposer(params)) for _ in range(n_slots)]
-    check_draft_model(engine.file, draft_model)
+    if params.mode == "mtp":
+        block = multi_token_prediction(engine)
+        cache = block.new_cache(n_slots, engine.context)
+        return [
+            Speculator(engine, MtpProposer(engine, block, cache, params, slot)) for slot in range(n_slots)
+        ]
     draft = Engine(
         draft_model,
         replace(engine.options, device=engine.device),

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import backends, registry
 from gufo.kernels.contracts import (
@@ -73,6 +74,19 @@ class ModelConfig:
             context_length=int(mf.arch_key("context_length")),
             rms_eps=float(mf.arch_key("attention.layer_norm_rms_epsilon")),
         )
+
+
+def mtp_block_index(mf: ModelFile) -> int:
+    """The index of the file's first multi-token-prediction (NextN) block, after the trunk's layers;
+    BadInputError when it has none (llama.cpp's converter leaves it out with --no-mtp)."""
+    count = int(mf.arch_key("nextn_predict_layers", 0))
+    index = int(mf.arch_key("block_count")) - count
+    if count < 1 or f"blk.{index}.nextn.eh_proj.weight" not in mf.tensors:
+        raise BadInputError(
+            f"{mf.label} has no multi-token-prediction block ({mf.architecture}.nextn_predict_layers and "
+            "blk.N.nextn.* tensors; llama.cpp's converter leaves it out with --no-mtp)"
+        )
+    return index
 
 
 class SelfAttention:

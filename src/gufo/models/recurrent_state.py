@@ -2,7 +2,9 @@
 
 Each such layer keeps, per slot, the last inputs of its causal conv ([channels, kernel - 1]) and the
 delta-rule matrices ([heads, key_dim, value_dim]). Unlike KV entries they summarise the whole sequence
-and cannot be rewound by position: snapshots and speculative rollback copy them (`save`/`load`).
+and cannot be rewound by position: snapshots and speculative rollback copy them (`save`/`load`); a
+multi-token pass that steps the layers token by token (speculative verification) can copy the state
+after each of its tokens as it goes (`keep_steps`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,20 @@ class RecurrentState:
         self.shape = shape
         self.conv = {i: torch.zeros(n_slots, *shape.conv, dtype=dtype, device=device) for i in shape.layers}
         self.delta = {i: torch.zeros(n_slots, *shape.delta, dtype=dtype, device=device) for i in shape.layers}
+        self._steps: tuple[int, list[list[torch.Tensor]]] | None = None  # (slot, buffers): `keep_steps`
+
+    def keep_steps(self, slot: int, buffers: list[list[torch.Tensor]] | None) -> None:
+        """From now on, the state of `slot` after token t of a pass that steps the layers token by token
+        goes into buffers[t] (laid out as `save`'s result), for t < len(buffers); None stops it."""
+        self._steps = None if buffers is None else (slot, buffers)
+
+    def stepped(self, layer: int, slot: int, token: int) -> None:
+        """A recurrent layer has advanced `slot` by token `token` of its pass (see `keep_steps`)."""
+        if self._steps is None or self._steps[0] != slot or token >= len(self._steps[1]):
+            return
+        buffers, index = self._steps[1][token], self.shape.layers.index(layer)
+        buffers[index].copy_(self.conv[layer][slot])
+        buffers[len(self.shape.layers) + index].copy_(self.delta[layer][slot])
 
     def tensors(self, slot: int) -> list[torch.Tensor]:
         """Views of the slot's state in every layer (conv windows, then delta matrices)."""

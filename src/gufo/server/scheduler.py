@@ -34,7 +34,7 @@ import torch
 from gufo.engine.constraint import TokenConstraint
 from gufo.engine.engine import Engine
 from gufo.engine.sampling import Sampler, SamplingParams
-from gufo.engine.speculative import SpeculativeStats, Speculator
+from gufo.engine.speculative import SpeculativeStats, Speculator, common_prefix
 from gufo.server.metrics import Metrics
 from gufo.server.settings import DEFAULT_PREFILL_CHUNK
 
@@ -98,15 +98,6 @@ class Job:
 
     def post(self, event: TokenEvent | FinishEvent) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Scheduler:

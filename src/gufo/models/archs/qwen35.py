@@ -15,7 +15,8 @@ post_attention_norm). Layout and weight transforms are those of llama.cpp's conv
   g = ssm_a * softplus(alpha + ssm_dt.bias) with ssm_a = -exp(A_log); beta = sigmoid(beta). The output
   is RMSNorm(o) * silu(z) per value head, then `ssm_out`. Value heads are stored tiled over the key heads
   (value head h reads key head h % key_heads).
-- `nextn_predict_layers` multi-token-prediction blocks appended after the trunk are not run.
+- The `nextn_predict_layers` multi-token-prediction block after the trunk (`MultiTokenPrediction`) is
+  not part of the trunk: it is built on demand, for `--speculative mtp`, as llama.cpp's graph_mtp runs it.
 """
 
 from __future__ import annotations
@@ -32,10 +33,19 @@ from gufo.gguf.model_file import ModelFile
 from gufo.kernels import backends, registry
 from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE
 from gufo.kernels.positions import TokenPositions
-from gufo.models.base import DecoderLayer, DecoderModel, DecodeRoute, GatedFFN, ModelConfig, SelfAttention
+from gufo.models.base import (
+    DecoderLayer,
+    DecoderModel,
+    DecodeRoute,
+    GatedFFN,
+    ModelConfig,
+    SelfAttention,
+    mtp_block_index,
+)
 from gufo.models.kv_cache import KVCache
 from gufo.models.layers import (
     DevicePosition,
+    Embedding,
     FusedLinear,
     Linear,
     RMSNorm,
@@ -142,12 +152,16 @@ class GatedDeltaNet:
         start_pos: int | DevicePosition | TokenPositions,
     ) -> torch.Tensor:
         """With `TokenPositions` each token after the (batched) input projections runs the mixer as its
-        own one-token step would, conv and delta-rule state advanced token by token."""
+        own one-token step would, conv and delta-rule state advanced token by token (and kept after each
+        where the state's `keep_steps` asks)."""
         state = cache.recurrent
         conv, delta = state.conv[layer][slot], state.delta[layer][slot]
         projected = self.project(x)
         if isinstance(start_pos, TokenPositions):
-            rows = [self.mix(*(p[t : t + 1] for p in projected), conv, delta) for t in range(x.shape[0])]
+            rows = []
+            for t in range(x.shape[0]):
+                rows.append(self.mix(*(p[t : t + 1] for p in projected), conv, delta))
+                state.stepped(layer, slot, t)
             out = torch.cat(rows)
         else:
             out = self.mix(*projected, conv, delta)
@@ -209,6 +223,71 @@ class GatedAttention(SelfAttention):
         return self.o(out * torch.sigmoid(gate.reshape(n, -1)))
 
 
+class MultiTokenPrediction:
+    """The multi-token-prediction (NextN) block `blk.<index>` after the trunk, as llama.cpp's qwen35
+    graph_mtp runs it (qwen35moe's and qwen3next's are the same but for the block's FFN).
+
+    The entry at position p reads the token at p and the hidden state h of position p - 1 (output-normed:
+    the trunk's for a context token, this block's own for a drafted one): x = eh_proj([enorm(embed(token)),
+    hnorm(h)]), then one gated-attention decoder block over the block's own KV cache (RoPE at p), then
+    `nextn.shared_head_norm` (else the output norm). That is the hidden state of position p; its logits
+    (`nextn.shared_head_head`, else the output matrix) predict the token at p + 1. `nextn.embed_tokens`,
+    when present, replaces the token embedding."""
+
+    def __init__(self, model: Qwen35Model, mf: ModelFile, index: int, backend: str):
+        cfg, prefix = model.config, f"blk.{index}.nextn"
+        self.model, self.index = model, index
+        self.enorm = RMSNorm(mf, f"{prefix}.enorm.weight", cfg.rms_eps, backend)
+        self.hnorm = RMSNorm(mf, f"{prefix}.hnorm.weight", cfg.rms_eps, backend)
+        _check_shape(mf, f"{prefix}.eh_proj.weight", (cfg.n_embd, 2 * cfg.n_embd))
+        self.eh_proj = Linear(mf, f"{prefix}.eh_proj.weight", backend)
+        attention = GatedAttention(mf, f"blk.{index}", cfg, backend, model.rope)
+        ffn = model.feed_forward(mf, f"blk.{index}", backend)
+        self.layer = DecoderLayer(
+            mf, index, cfg, backend, attention, "silu", False, "post_attention_norm", ffn
+        )
+        embed, head, norm = (
+            f"{prefix}.{n}.weight" for n in ("embed_tokens", "shared_head_head", "shared_head_norm")
+        )
+        self.embedding = Embedding(mf, embed, backend) if embed in mf.tensors else model.embedding
+        self.head_norm = RMSNorm(mf, norm, cfg.rms_eps, backend) if norm in mf.tensors else model.output_norm
+        self.head = Linear(mf, head, backend) if head in mf.tensors else model.output
+
+    def new_cache(self, n_slots: int, context: int) -> KVCache:
+        """KV entries of this block's attention only (the trunk's layers get none)."""
+        cfg, model = self.model.config, self.model
+        dtype = backends.cache_dtype(model.backend)
+        return KVCache(
+            self.index + 1,
+            n_slots,
+            cfg.n_kv_heads,
+            context,
+            cfg.key_dim,
+            cfg.value_dim,
+            dtype=dtype,
+            device=model.device,
+            attention_layers=[self.index],
+        )
+
+    def trunk_hidden(self, final_hidden: torch.Tensor) -> torch.Tensor:
+        """The trunk's last-layer output rows -> this block's hidden input (the trunk's output norm)."""
+        return self.model.output_norm(final_hidden)
+
+    def __call__(
+        self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache, slot: int, start: int
+    ) -> torch.Tensor:
+        """The hidden states [T, n_embd] of tokens (1-D) at positions start.., each read with the row of
+        `hidden` before it (output-normed), writing their entries into `slot` of `cache`."""
+        x = torch.cat([self.enorm(self.embedding(tokens)), self.hnorm(hidden.to(self.model.device))], -1)
+        x = self.eh_proj(x)
+        tables = self.model.rope_tables(self.model.rope, start, tokens.shape[0], cache)
+        return self.head_norm(self.layer(x, tables, cache, self.index, slot, start))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states [T, n_embd] -> logits [T, vocab] of the token after each."""
+        return self.head(hidden)
+
+
 def recurrent_layers(mf: ModelFile, n_layers: int) -> tuple[int, ...]:
     """The trunk's DeltaNet layers (llama.cpp's order: the per-layer list, then the interval)."""
     interval = int(mf.arch_key("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL))
@@ -249,9 +328,14 @@ class Qwen35Model(DecoderModel):
             self.layers.append(layer)
 
     def known_unused(self, tensor_name: str) -> bool:
-        """The multi-token-prediction blocks after the trunk (not run: no MTP speculation yet)."""
+        """The multi-token-prediction blocks after the trunk (`multi_token_prediction` loads them)."""
         parts = tensor_name.split(".")
         return parts[0] == "blk" and int(parts[1]) >= self.config.n_layers
+
+    def multi_token_prediction(self, mf: ModelFile, backend: str) -> MultiTokenPrediction:
+        """The first multi-token-prediction block of `mf` (this model's file), loaded now; BadInputError
+        when the file has none."""
+        return MultiTokenPrediction(self, mf, mtp_block_index(mf), backend)
 
     def feed_forward(self, mf: ModelFile, prefix: str, backend: str) -> Any:
         """The block's FFN; None is DecoderLayer's dense SwiGLU."""

@@ -2,7 +2,11 @@
 converter writes them.
 
 Layer i is Gated DeltaNet when (i + 1) % full_attention_interval != 0, else gated full attention whose
-`attn_q` rows hold query and gate. The converter's `--no-mtp` layout: no multi-token-prediction block.
+`attn_q` rows hold query and gate. Without `mtp`, the converter's `--no-mtp` layout; with it, the
+multi-token-prediction block the converter writes from Qwen3.5's `mtp.*` (mtp_num_hidden_layers 1): block
+`blk.<layers>` after the trunk, a gated-attention block with the trunk's FFN plus `nextn.eh_proj`,
+`nextn.enorm`, `nextn.hnorm` and `nextn.shared_head_norm` (the embedding and output are the trunk's),
+counted in block_count, with `nextn_predict_layers` 1.
 qwen35moe's FFN is the router `ffn_gate_inp`, the 3-D routed experts (gate, up and down apart, as the
 converter writes them without --fuse-gate-up-exps) and the shared expert with its 1-D gate.
 """
@@ -29,6 +33,7 @@ DELTANET_KINDS = (
     "ssm_out",
 )
 FFN_KINDS = ("post_attention_norm", "ffn_gate", "ffn_up", "ffn_down")
+NEXTN_KINDS = ("nextn.eh_proj", "nextn.enorm", "nextn.hnorm", "nextn.shared_head_norm")
 MOE_FFN_KINDS = (
     "post_attention_norm",
     "ffn_gate_inp",
@@ -59,6 +64,8 @@ def tensor_shape(kind: str, shape: Qwen35Shape, vocab_size: int) -> tuple[int, .
         "ssm_a": (s.linear_num_value_heads,),
         "ssm_norm": (s.linear_value_head_dim,),
         "ssm_out": (hidden, value_width),
+        "nextn.eh_proj": (hidden, 2 * hidden),  # [embedding, hidden state] -> hidden
+        **{kind: (hidden,) for kind in NEXTN_KINDS[1:]},
     }
     if isinstance(s, Qwen35MoeShape):
         experts, ff, shared = s.num_experts, s.moe_intermediate_size, s.shared_expert_intermediate_size
@@ -75,11 +82,14 @@ def tensor_shape(kind: str, shape: Qwen35Shape, vocab_size: int) -> tuple[int, .
     return own[kind] if kind in own else matrix_shape(kind, shape, vocab_size)
 
 
-def plan_qwen35(preset: str, shape: Qwen35Shape, mix: QuantMix, vocab: ModelFile) -> SynthPlan:
-    """Every tensor of the file: name, shape and llama-quantize's type for `mix`."""
+def plan_qwen35(
+    preset: str, shape: Qwen35Shape, mix: QuantMix, vocab: ModelFile, mtp: bool = False
+) -> SynthPlan:
+    """Every tensor of the file: name, shape and llama-quantize's type for `mix`; `mtp`: with the
+    multi-token-prediction block."""
     if isinstance(shape, Qwen35MoeShape):
-        return _plan(preset, shape, mix, vocab, MOE_FFN_KINDS, MOE_ARCH, "Qwen3.5-MoE")
-    return _plan(preset, shape, mix, vocab, FFN_KINDS, ARCH, "Qwen3.5")
+        return _plan(preset, shape, mix, vocab, MOE_FFN_KINDS, MOE_ARCH, "Qwen3.5-MoE", mtp)
+    return _plan(preset, shape, mix, vocab, FFN_KINDS, ARCH, "Qwen3.5", mtp)
 
 
 def _plan(
@@ -90,6 +100,7 @@ def _plan(
     ffn_kinds: tuple[str, ...],
     arch: str,
     family: str,
+    mtp: bool,
 ) -> SynthPlan:
     entries = [("token_embd", -1), ("output_norm", -1)]
     if not shape.tie_word_embeddings:
@@ -97,9 +108,14 @@ def _plan(
     for layer in range(shape.num_hidden_layers):
         mixer = DELTANET_KINDS if shape.is_recurrent(layer) else ATTENTION_KINDS
         entries += [(kind, layer) for kind in ("attn_norm", *mixer, *ffn_kinds)]
-    tensors = plan_tensors(entries, lambda kind, n: tensor_shape(kind, shape, n), shape, mix, vocab)
+    # llama-quantize counts the MTP block's layer with the trunk's (n_layer_all) in its per-layer rules
+    blocks = shape.with_layers(shape.num_hidden_layers + 1) if mtp else shape
+    if mtp:
+        entries += [(kind, shape.num_hidden_layers) for kind in ("attn_norm", *ATTENTION_KINDS, *ffn_kinds)]
+        entries += [(kind, shape.num_hidden_layers) for kind in NEXTN_KINDS]
+    tensors = plan_tensors(entries, lambda kind, n: tensor_shape(kind, shape, n), blocks, mix, vocab)
     s = shape
-    hparams = transformer_hparams(shape) | {
+    hparams = transformer_hparams(blocks) | {
         "ssm.conv_kernel": s.linear_conv_kernel_dim,
         "ssm.state_size": s.linear_key_head_dim,
         "ssm.group_count": s.linear_num_key_heads,
@@ -110,6 +126,8 @@ def _plan(
         # Text positions rotate every M-RoPE section alike; llama.cpp requires the key (4 entries).
         "rope.dimension_sections": (*s.mrope_section, 0),
     }
+    if mtp:
+        hparams["nextn_predict_layers"] = 1
     if isinstance(s, Qwen35MoeShape):
         del hparams["feed_forward_length"]  # the config has no intermediate_size: the converter writes none
         hparams |= {
