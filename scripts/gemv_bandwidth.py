@@ -1,6 +1,7 @@
-"""Decode product bandwidth per weight format: the one-row product y = x @ W^T through the engine's Triton
-kernel (TritonLinear, default KernelOptions), as bytes of the GGUF weight over the time of one product,
-next to the device's copy bandwidth (a large tensor copy: bytes read + written over its time).
+"""Decode product bandwidth per weight format: the one-row product y = x @ W^T (or `--rows` rows: a
+batched decode step's) through the engine's Triton kernel (TritonLinear, default KernelOptions), as bytes
+of the GGUF weight over the time of one product, next to the device's copy bandwidth (a large tensor
+copy: bytes read + written over its time).
 
 Weights are random valid blocks (gufo.formats.random_blocks) uploaded by `TritonLinear.prepare`; each
 product is timed inside a CUDA graph (as decode runs them) cycling through enough copies of the weight
@@ -39,6 +40,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the Triton interpreter"
+    )
+    parser.add_argument(
+        "--rows", type=int, default=1, help="activation rows per product, 1..16 (default 1: decode's)"
     )
     parser.add_argument("--tiny", action="store_true", help=f"tiny shapes {TINY_SHAPES} (smoke check)")
     parser.add_argument("--json", help="also write the rows to this file")
@@ -81,7 +85,7 @@ def copy_gbps(device: str, nbytes: int) -> float:
     return 2 * nbytes / median_seconds([lambda: dst.copy_(src)], device) / 1e9
 
 
-def bench(qtype_name: str, n: int, k: int, device: str, copy: float) -> dict[str, Any]:
+def bench(qtype_name: str, n: int, k: int, device: str, copy: float, rows: int = 1) -> dict[str, Any]:
     import numpy as np
     import torch
     from gguf import GGMLQuantizationType
@@ -100,7 +104,7 @@ def bench(qtype_name: str, n: int, k: int, device: str, copy: float) -> dict[str
     linear = TritonLinear(KernelOptions())
     copies = copies_for(blocks.nbytes) if device == "cuda" else 1  # no L2 to dodge in the interpreter
     weights = [linear.prepare(info, torch.device(device)) for _ in range(copies)]
-    x = torch.randn(1, k, device=device, generator=torch.Generator(device).manual_seed(0))
+    x = torch.randn(rows, k, device=device, generator=torch.Generator(device).manual_seed(0))
     seconds = median_seconds([lambda w=w: linear.apply(x, w) for w in weights], device)
     gbps = blocks.nbytes / seconds / 1e9
     path = "int8" if int8_activations(x, weights[0], linear.int8_min_weights) else "float32"
@@ -108,6 +112,7 @@ def bench(qtype_name: str, n: int, k: int, device: str, copy: float) -> dict[str
         "format": qtype_name,
         "N": n,
         "K": k,
+        "rows": rows,
         "path": path,
         "us": seconds * 1e6,
         "gbps": gbps,
@@ -146,7 +151,7 @@ def main() -> None:
         fix_interpreter_loop_bounds()
     copy = copy_gbps(args.device, 2**24 if args.tiny else COPY_BYTES)
     rows = [
-        bench(name, n, k, args.device, copy)
+        bench(name, n, k, args.device, copy, args.rows)
         for name in args.formats
         for n, k in (TINY_SHAPES if args.tiny else SHAPES)
     ]

@@ -4,12 +4,17 @@ rows, then 2, slots out of order) against each row's own one-token step (`Engine
 engine: prints the largest difference per step and exits 1 unless every row is bit for bit equal.
 
     python scripts/rows_check.py FILE.gguf [FILE.gguf ...]
+    python scripts/rows_check.py --time FILE.gguf     # ms per decode_batch step of 1, 2, 4, 8, 16 rows
+
+`--time` skips the check and times `decode_batch` alone (graph replays plus the logits' copy to the host,
+no sampling or serving), to split a server step's time into the engine's and the rest.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 
@@ -41,10 +46,33 @@ def check(path: str) -> bool:
     return equal
 
 
+def time_steps(path: str, steps: int = 50) -> None:
+    engine = Engine(path, RunOptions(device="cuda"), context=1024, n_slots=16)
+    for slot in range(16):
+        engine.prefill([slot + 1] * 200, slot=slot)
+    engine.prepare_rows(16)
+    for rows in (1, 2, 4, 8, 16):
+        slots = list(range(rows))
+        for warm in (True, False):
+            engine.synchronize()
+            started = time.perf_counter()
+            for i in range(3 if warm else steps):
+                engine.decode_batch([7] * rows, [200 + i] * rows, slots)
+            engine.synchronize()
+        ms = (time.perf_counter() - started) * 1e3 / steps
+        print(f"{path}: {rows:2d} rows {ms:7.3f} ms/step {ms / rows:6.3f} ms/row", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+")
-    results = [check(path) for path in parser.parse_args().files]
+    parser.add_argument("--time", action="store_true", help="time decode_batch steps instead of checking")
+    args = parser.parse_args()
+    if args.time:
+        for path in args.files:
+            time_steps(path)
+        return 0
+    results = [check(path) for path in args.files]
     return 0 if all(results) else 1
 
 
