@@ -134,10 +134,11 @@ class GraphDecoder:
         return self._run(ROWS, n_rows)
 
     def prepare_rows(self, n_rows: int) -> None:
-        """Capture the graphs of steps of 1..n_rows sequences now (their warm-ups write KV at the end of
-        slots 0..n_rows - 1, which a sequence overwrites before it reads there)."""
+        """Capture the graphs of steps of 2..n_rows sequences now (one sequence steps on its own slot's
+        graph; the warm-ups write KV at the end of slots 0..n_rows - 1, which a sequence overwrites before
+        it reads there)."""
         context = self.cache.context
-        for count in range(1, min(n_rows, self.max_tokens, self.cache.n_slots) + 1 if self.capture else 0):
+        for count in range(2, min(n_rows, self.max_tokens, self.cache.n_slots) + 1 if self.capture else 0):
             if (ROWS, count) not in self.graphs:
                 self.decode_rows([0] * count, [context - 1] * count, range(count))
 
