@@ -62,10 +62,53 @@ def patch_language_once_per_launch() -> None:
     interpreter._patch_lang = patch_unless_patched
 
 
+def numpy_types_looked_up_once() -> None:
+    """Triton 3.6's interpreter maps a Triton type to its numpy type by building a 19-entry dict of
+    numpy dtypes at every call (every cast, splat and masked load of every program). Look each scalar
+    type up once; block types map as their element type and pointers to uint64, as the original does.
+    With `tuple_type_names_when_read`: 15-25% less CPU per case (the attention and GEMV cases)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._get_np_dtype
+    found: dict = {}
+
+    def numpy_type(tt_dtype):
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(scalar, tl.pointer_type):
+            return np.dtype(np.uint64)
+        if scalar not in found:
+            found[scalar] = original(scalar)
+        return found[scalar]
+
+    interpreter._get_np_dtype = numpy_type
+
+
+def tuple_type_names_when_read() -> None:
+    """Every Triton tensor the interpreter makes holds its shape as a `tl.tuple`, whose type formats its
+    name string at construction ("[:constexpr_type[16],...]"), though only printing reads it (equality
+    and mangling read the types). Format it when read instead: the same string from the same types and
+    fields."""
+    from triton.language import core
+
+    def init(self, types, fields=None) -> None:
+        self.types = types
+        self.fields = fields or [""] * len(types)
+
+    def name(self) -> str:
+        return "[" + ",".join([f"{k}:{v}" for k, v in zip(self.fields, self.types, strict=False)]) + "]"
+
+    core.tuple_type.__init__ = init
+    core.tuple_type.name = property(name)
+
+
 def run_cases(cases: dict[str, Callable[[], None]]) -> dict[str, str | None]:
     """Worker side: the failure (traceback text) or None of every case named on the command line."""
     fix_interpreter_loop_bounds()
     patch_language_once_per_launch()
+    numpy_types_looked_up_once()
+    tuple_type_names_when_read()
     results: dict[str, str | None] = {}
     for name in sys.argv[1:]:
         case = cases[name]
