@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from triton_interpreter import interpreter_tests, run_cases
+from triton_interpreter import interpreter_tests
 
 from gufo.formats import block_shape
 from gufo.gguf.model_file import TensorInfo
@@ -259,7 +258,7 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
     return cases
 
 
-interpreter_results, test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
+test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -325,7 +324,7 @@ def test_int8_limit_from_the_environment():
 
 def test_int8_limit_not_a_whole_number_is_one_error_line():
     """Through the CLI, which builds the kernel options from the environment: exit 2, one line."""
-    from tests.conftest import HANG_GUARD_S  # not at the top: this module is also the interpreter worker
+    from tests.conftest import HANG_GUARD_S  # not at the top: the interpreter worker imports this module
 
     env = {**os.environ, "GUFO_INT8_MIN_WEIGHTS": "-5"}
     command = [sys.executable, "-m", "gufo.cli.main", "kernels", "own", "--target", "sm_90"]
@@ -372,10 +371,6 @@ def test_package_imports_without_triton():
         "assert isinstance(kernel, linear_reference.DeviceDequantLinear)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=HANG_GUARD_S)
-
-
-if __name__ == "__main__":  # the interpreter worker (TRITON_INTERPRET=1 was set before importing triton)
-    print(json.dumps(run_cases(interpreter_cases())))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,13 +11,19 @@ only where the grammar may end.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import xgrammar
 
 from gufo.errors import BadInputError
 from gufo.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import xgrammar
+
+# xgrammar is imported where a grammar is first built, not with this module: it imports transformers,
+# about 2 CPU seconds in every engine process (each CLI run, server and torchrun rank), most of which
+# never constrain a reply.
 
 # JSON Schema keywords xgrammar does not enforce: a schema using them would not be guaranteed.
 UNENFORCED_KEYWORDS = frozenset(
@@ -84,6 +90,8 @@ class GrammarCompiler:
     """Compiles grammars for one tokenizer's vocabulary; thread-safe (xgrammar's compiler is)."""
 
     def __init__(self, tokenizer: Tokenizer):
+        import xgrammar
+
         self.vocab_size = tokenizer.vocab_size
         pieces = [
             b"" if tokenizer.is_special(i) else tokenizer.token_bytes(i) for i in range(self.vocab_size)
@@ -98,6 +106,8 @@ class GrammarCompiler:
 
     def json_object(self) -> xgrammar.CompiledGrammar:
         """Any JSON object with bounded numbers (OpenAI's json_object mode; `JSON_OBJECT` says why)."""
+        import xgrammar
+
         return self._compiler.compile_grammar(xgrammar.Grammar.from_ebnf(JSON_OBJECT))
 
     def json_schema(self, schema: dict) -> xgrammar.CompiledGrammar:
@@ -107,6 +117,8 @@ class GrammarCompiler:
     def ebnf(self, text: str) -> xgrammar.CompiledGrammar:
         """A grammar in GBNF, llama.cpp's EBNF (as llama-server and vLLM take it), starting at its rule
         `root`; raises BadInputError saying where it is wrong."""
+        import xgrammar
+
         try:
             grammar = xgrammar.Grammar.from_ebnf(text)
         except (RuntimeError, ValueError, TypeError) as err:
@@ -117,6 +129,8 @@ class GrammarCompiler:
         """One call of one of `functions` (name -> parameters schema):
         `before{"name": NAME, "arguments": ARGUMENTS}after`. Each schema stays a root of its own, so its
         `$ref`s resolve in it."""
+        import xgrammar
+
         calls = [
             xgrammar.Grammar.concat(
                 literal(f'{before}{{"name": {json.dumps(name)}, "arguments": '),
@@ -129,6 +143,8 @@ class GrammarCompiler:
 
 
 def literal(text: str) -> xgrammar.Grammar:
+    import xgrammar
+
     return xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")  # a JSON string is an EBNF literal
 
 
@@ -138,6 +154,8 @@ def schema_grammar(schema: dict) -> xgrammar.Grammar:
     found = unenforced_keyword(schema)
     if found is not None:
         raise BadInputError(f"the schema keyword at {found} is not supported (it cannot be enforced)")
+    import xgrammar
+
     try:
         return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
     except (RuntimeError, ValueError, TypeError) as err:
@@ -154,12 +172,16 @@ class TokenConstraint:
     speculative decoding also tries drafted tokens (`advance`) and takes them back (`rollback`)."""
 
     def __init__(self, grammar: xgrammar.CompiledGrammar, vocab_size: int):
+        import xgrammar
+
         self._matcher = xgrammar.GrammarMatcher(grammar)
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
         self._vocab_size = vocab_size
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of the 1-D `logits` with every token the grammar forbids at -inf (on their device)."""
+        import xgrammar
+
         self._matcher.fill_next_token_bitmask(self._bitmask)
         masked = logits.float().clone().unsqueeze(0)
         xgrammar.apply_token_bitmask_inplace(
