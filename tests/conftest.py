@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 # barrier: test_markdown_header_and_test_names took 24.6 CPU seconds so, 6.1 passive.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import gguf  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings
 
@@ -198,6 +200,13 @@ def gufo(capsys, *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+@functools.cache
+def gguf_reader(path: Path) -> gguf.GGUFReader:
+    """The `gguf` package's reader of a model file (the tests' oracle of its layout and metadata), read
+    once per test process: it takes 4-5 CPU s over a 49k-token vocabulary. Shared: never modify it."""
+    return gguf.GGUFReader(path)
 
 
 def golden(alias: str) -> dict:
