@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 # barrier: test_markdown_header_and_test_names took 24.6 CPU seconds so, 6.1 passive.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import gguf  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings
 
@@ -104,20 +106,21 @@ TIERS: dict[str, tuple[str, ...]] = {
 
 # Scheduling only, never a test's result: the groups (test files, or the interpreter's halves) that take the
 # most CPU, dealt out first after the unit tier, longest first, so that no long group starts last and leaves
-# a core idle. CPU seconds (user+sys, the test's subprocesses included) from runs of the files on the
-# 2-core machine (2026-12-01, after the IQ, MoE and Responses tests came).
+# a core idle. CPU seconds (user+sys, the test's subprocesses included) from runs of the files alone on the
+# 2-core machine (pytest -n 0, one torch thread; 2026-12-02, after the interpreter's and the converted
+# files' cuts; the interpreter's halves each hold half the cases of all four tests/kernels/test_triton_*).
 LONG_GROUPS = (
-    "tests/kernel_check/test_own.py",  # 150
-    "tests/parallel/test_tp_torchrun.py",  # 100
-    "tests/cli/test_speculative_cli.py",  # 95
-    "test_triton_attention-1",  # 75
-    "test_triton_attention-0",  # 70
-    "tests/models/test_converted_vs_transformers.py",  # 62
-    "tests/server/test_determinism.py",  # 50
-    "tests/server/test_speculative_serve.py",  # 37
-    "tests/quality/test_quality.py",  # 34
-    "tests/engine/test_speculative.py",  # 28
-    "tests/server/test_responses_api.py",  # 23
+    "tests/kernel_check/test_own.py",  # 130
+    "tests/cli/test_speculative_cli.py",  # 85
+    "tests/models/test_converted_vs_transformers.py",  # 65
+    "tests/parallel/test_tp_torchrun.py",  # 55
+    "tests/server/test_determinism.py",  # 42
+    "tests/server/test_speculative_serve.py",  # 39
+    "triton-interpreter-0",  # 34
+    "tests/quality/test_quality.py",  # 33
+    "triton-interpreter-1",  # 32
+    "tests/engine/test_speculative.py",  # 27
+    "tests/server/test_responses_api.py",  # 16
 )
 
 
@@ -198,6 +201,13 @@ def gufo(capsys, *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+@functools.cache
+def gguf_reader(path: Path) -> gguf.GGUFReader:
+    """The `gguf` package's reader of a model file (the tests' oracle of its layout and metadata), read
+    once per test process: it takes 4-5 CPU s over a 49k-token vocabulary. Shared: never modify it."""
+    return gguf.GGUFReader(path)
 
 
 def golden(alias: str) -> dict:

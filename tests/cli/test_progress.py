@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import logging
 
-import gguf
 import pytest
 
 from gufo.gguf import aliases
 from gufo.kernels import cpu_int8
-from tests.conftest import gufo
+from tests.conftest import gguf_reader, gufo
 
 
 def tensor_megabytes(path) -> int:
-    return round(sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors) / 1e6)
+    return round(sum(int(t.n_bytes) for t in gguf_reader(path).tensors) / 1e6)
 
 
 def test_load_progress_counts_the_files_tensor_bytes(capsys, model_path):

@@ -12,7 +12,7 @@ from gufo.cli import run as run_command
 from gufo.engine.engine import GenerationResult
 from gufo.gguf.model_file import open_model_file
 from gufo.tokenizer import Tokenizer
-from tests.conftest import gufo
+from tests.conftest import gguf_reader, gufo
 
 MODEL = "smollm2-135m"
 TOKEN = "<|im_start|>"  # a chat marker a base-model prompt may well generate
@@ -21,7 +21,7 @@ TOKEN = "<|im_start|>"  # a chat marker a base-model prompt may well generate
 @pytest.fixture(scope="module")
 def control_token(model_path) -> int:
     """The token's id; gguf reads its type as CONTROL."""
-    reader = gguf.GGUFReader(model_path(MODEL))
+    reader = gguf_reader(model_path(MODEL))
     tokens, types = reader.fields["tokenizer.ggml.tokens"], reader.fields["tokenizer.ggml.token_type"]
     token_id = next(i for i, part in enumerate(tokens.data) if bytes(tokens.parts[part]).decode() == TOKEN)
     assert int(types.parts[types.data[token_id]][0]) == gguf.TokenType.CONTROL

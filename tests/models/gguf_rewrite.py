@@ -1,5 +1,7 @@
-"""Copy a GGUF with one metadata key or tensor dropped, or with keys and tensors added (the gguf
-package reads and writes it), to make the broken or unusual files the loader must refuse by name."""
+"""Copy a GGUF with one metadata key or tensor dropped, or with keys and tensors added, to make the
+broken or unusual files the loader must refuse by name. gufo's header parser reads it (the gguf
+package's reader takes 5 CPU s over a GPT-2 vocabulary's 50k tokens and merges), the gguf package
+writes it."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from gufo.gguf.header import parse_header
 from gufo.gguf.model_file import ModelFile, open_model_file
 
 
@@ -20,20 +23,16 @@ def rewrite(
     keys: dict[str, tuple[Any, gguf.GGUFValueType]] | None = None,
     tensors: dict[str, np.ndarray] | None = None,
 ) -> ModelFile:
-    reader = gguf.GGUFReader(str(src))
-    arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", drop_key):
-            continue
-        kind = field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    header = parse_header(Path(src).read_bytes())
+    writer = gguf.GGUFWriter(str(dst), header.metadata["general.architecture"])
+    for name, value in header.metadata.items():
+        if name not in ("general.architecture", drop_key):
+            writer.add_key_value(name, value, header.value_types[name], sub_type=header.item_types.get(name))
     for name, (value, kind) in (keys or {}).items():
         writer.add_key_value(name, value, kind)
-    for tensor in reader.tensors:
+    for tensor in open_model_file(src).tensors.values():
         if tensor.name != drop_tensor:
-            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.qtype)
     for name, data in (tensors or {}).items():
         writer.add_tensor(name, data)
     writer.write_header_to_file()

@@ -199,9 +199,7 @@ def test_validate_prefill_passes(converted, device):
     assert result.passed, result.lines()
 
 
-# the refusals are the loader's check of every file alike; qwen35moe's run on its toy-vocabulary file
-# (test_qwen35moe_vs_transformers.py), as rewriting this one's GPT-2 vocabulary costs ~30 s
-REFUSAL_CASES = [name for name in (*CASES, *HYBRIDS) if name != "qwen35moe"]
+REFUSAL_CASES = [*CASES, *HYBRIDS]  # the loader's check of every file alike
 
 
 def architecture(path) -> str:

@@ -17,7 +17,7 @@ import pytest
 from gufo.engine.sampling import SamplingParams
 from gufo.gguf.aliases import resolve_model
 from gufo.server.settings import ServerSettings
-from tests.conftest import GOLDENS, MODELS, golden
+from tests.conftest import GOLDENS, MODELS, gguf_reader, golden
 from tests.server.conftest import MODEL, assert_error, live_server, load_engine
 
 ORIGIN = "http://page.test"
@@ -37,7 +37,7 @@ def server(settings):
 
 @pytest.fixture(scope="module")
 def reader() -> gguf.GGUFReader:
-    return gguf.GGUFReader(resolve_model(MODEL))
+    return gguf_reader(resolve_model(MODEL))
 
 
 def unit_cosine(a: np.ndarray, b: np.ndarray) -> float:
