@@ -57,3 +57,19 @@ def test_a_step_of_several_sequences_matches_each_alone(tmp_path, arch):
         for slot, length in lengths.items():
             torch.testing.assert_close(rows_keys[slot, :, :length], eager_keys[slot, :, :length])
             assert not rows_keys[slot, :, length:].any()  # nothing written past each sequence
+
+
+@torch.inference_mode()
+def test_uncaptured_draft_verification_matches_the_eager_steps(tmp_path):
+    """Several consecutive tokens of one sequence in one step (speculative verification) beside the
+    inputs' slots row of batched steps: each token its eager step's logits."""
+    model = build_model(open_model_file(write_tiny_model(tmp_path / "tiny.gguf", "llama")), "torch")
+    eager_cache, step_cache = model.new_cache(2, 32), model.new_cache(2, 32)
+    prompt = torch.tensor([1, 5, 9, 2])
+    for cache in (eager_cache, step_cache):
+        model.forward(prompt, cache, 1, 0)
+    steps = GraphDecoder(model, step_cache, torch.device("cpu"), max_tokens=3, capture=False)
+    got = steps.decode([4, 8, 6], len(prompt), 1)
+    for row, token in enumerate([4, 8, 6]):
+        eager = model.forward(torch.tensor([token]), eager_cache, 1, len(prompt) + row)[-1]
+        torch.testing.assert_close(got[row], eager, rtol=1e-5, atol=1e-5)

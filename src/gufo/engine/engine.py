@@ -386,7 +386,7 @@ class Engine:
         different slots (the fused CPU layer), graph replays of up to `max_tokens` rows each on a GPU
         whose decode route is batch-invariant (models without recurrent state), one decode step per row
         otherwise."""
-        if len(tokens) > 1 and self.batched_rows and self._graph_rows:
+        if len(tokens) > 1 and self._graph_rows:
             self.check_fits(max(positions) + 1)
             limit = self.graph_decoder.max_tokens
             with profiling.phase_range(self.options.profile, profiling.DECODE_RANGE):
@@ -410,12 +410,13 @@ class Engine:
     def _graph_rows(self) -> bool:
         """Whether graph replays take decode steps of several sequences (each row its one-token numbers)."""
         decoder = self.graph_decoder
-        return decoder is not None and decoder.max_tokens > 1 and self.cache.recurrent is None
+        rows = self.batched_rows and self.cache.recurrent is None
+        return rows and decoder is not None and decoder.max_tokens > 1
 
     def prepare_rows(self, n_rows: int) -> None:
         """Capture now the graphs that `decode_batch` replays for up to `n_rows` sequences (a server's
         sessions), so the first batched steps do not pay for captures."""
-        if self.batched_rows and self._graph_rows:
+        if self._graph_rows:
             self.graph_decoder.prepare_rows(n_rows)
 
     def start_generation(

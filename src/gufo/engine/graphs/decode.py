@@ -116,7 +116,7 @@ class GraphDecoder:
             self.inputs[1, 0].fill_(position)
         else:  # one copy (drafts are verified after the previous step's logits were read anyway)
             given = torch.tensor([list(tokens), list(range(position, position + n_tokens))])
-            self.inputs[:, :n_tokens].copy_(given)
+            self.inputs[:2, :n_tokens].copy_(given)  # the slots row is only a batch's
         return self._run(slot, n_tokens)
 
     def decode_rows(
