@@ -16,7 +16,8 @@ The product of a dequantized tile with the activations, accumulated in float32:
     vector units (`gemv_<format>`; float32 weights, within float32 rounding of the reference);
   - float16/bfloat16 activations with DOT_MIN_ROWS..16 rows on NVIDIA: `tl.dot` on the tensor cores
     with the tile rounded to the activation dtype (`gemv_<format>_dot`).
-`dequant_<format>` writes the whole matrix with the tensor-core kernels' tile code (prefill_gemm).
+`dequant_<format>` writes the whole matrix with the tensor-core kernels' tile code (prefill_gemm); the
+codebook formats' own dequantizers are in codebook_dequant.
 
 Split-K: grid axis 1 cuts the K steps into ranges, each writing float32 partials [splits, M, N] that
 are summed afterwards (launch.py); deterministic (no atomics), so repeated runs give identical tokens.
@@ -33,6 +34,13 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
+from gufo.kernels.triton.codebook_dequant import (
+    dequant_iq2_xxs,
+    dequant_iq3_s,
+    dequant_iq3_xxs,
+    dequant_iq4_nl,
+    dequant_iq4_xs,
+)
 from gufo.kernels.triton.codebook_groups import (
     iq2_xxs_parts,
     iq3_s_parts,
@@ -733,8 +741,8 @@ def gemv_float(
 # q * scale is gguf's dequantized weight. The tables (planes.tables) are gathered from: a few KiB that
 # stay in the L1/L2 caches. Column j of a group's values is element `order[j]` of it (`_nibble_order`
 # for the IQ4 formats, whose two nibbles of a byte are joined side by side; `_natural_order` else).
-# The vector kernels scale each group's dot product once; the tile kernels (tensor cores, dequant)
-# multiply q by its scale as the reference does.
+# The vector kernels scale each group's dot product once; the tensor-core kernels multiply q by its
+# scale as the reference does (their dequantizers: codebook_dequant).
 
 
 @triton.jit
@@ -815,10 +823,10 @@ def _group_products(acc, q, scale, g, order, x_ptr, stride_xm, M, K, BLOCK_M: tl
 
 
 @triton.jit
-def _consume_groups(acc, q, scale, g, order, x_ptr, stride_xm, m, M, K, out_ptr, n, N, DEQUANT: tl.constexpr):
-    """The tile kernels' step: the weights q * scale of groups g through `_consume`."""
+def _accumulate_groups(acc, q, scale, g, order, x_ptr, stride_xm, m, M, K):
+    """The tensor-core kernels' step: `_accumulate` of the weights q * scale of groups g."""
     k = tl.reshape(g[:, None] * 32 + order[None, :], (g.shape[0] * 32,))
-    return _consume(acc, x_ptr, stride_xm, m, M, K, k, q * scale[:, :, None], out_ptr, n, N, DEQUANT)
+    return _accumulate(acc, x_ptr, stride_xm, m, M, K, k, q * scale[:, :, None])
 
 
 @triton.jit
@@ -852,16 +860,15 @@ def gemv_iq4_nl(
 @triton.jit
 def _iq4_nl_tiles(
     x_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)
         q, scale = _iq4_nl_groups(qs_ptr, d_ptr, levels_ptr, row, at, K // 32)
-        acc = _consume_groups(acc, q, scale, g, _nibble_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
-            DEQUANT)  # fmt: skip
-    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+        acc = _accumulate_groups(acc, q, scale, g, _nibble_order(), x_ptr, stride_xm, m, M, K)
+    store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
@@ -871,16 +878,7 @@ def gemv_iq4_nl_dot(
 ):  # fmt: skip
     wait_for_inputs(PDL)
     _iq4_nl_tiles(x_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-        BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
-
-
-@triton.jit
-def dequant_iq4_nl(
-    qs_ptr, d_ptr, levels_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr
-):
-    _iq4_nl_tiles(
-        out_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16, BLOCK_N, STEP, True
-    )
+        BLOCK_M, BLOCK_N, STEP)  # fmt: skip
 
 
 @triton.jit
@@ -901,16 +899,14 @@ def gemv_iq4_xs(
 def _iq4_xs_tiles(
     x_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps,
     steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
-    DEQUANT: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)
         q, scale = _iq4_xs_groups(d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, row, at, K // 32)
-        acc = _consume_groups(acc, q, scale, g, _nibble_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
-            DEQUANT)  # fmt: skip
-    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+        acc = _accumulate_groups(acc, q, scale, g, _nibble_order(), x_ptr, stride_xm, m, M, K)
+    store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
@@ -920,16 +916,7 @@ def gemv_iq4_xs_dot(
 ):  # fmt: skip
     wait_for_inputs(PDL)
     _iq4_xs_tiles(x_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, M, N, K, stride_xm,
-        n_steps, steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
-
-
-@triton.jit
-def dequant_iq4_xs(
-    d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, N, K, n_steps,
-    BLOCK_N: tl.constexpr, STEP: tl.constexpr,
-):  # fmt: skip
-    _iq4_xs_tiles(out_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, 0, N, K, 0,
-        n_steps, 1, 16, BLOCK_N, STEP, True)  # fmt: skip
+        n_steps, steps_per_split, BLOCK_M, BLOCK_N, STEP)  # fmt: skip
 
 
 @triton.jit
@@ -950,16 +937,14 @@ def gemv_iq3_s(
 def _iq3_s_tiles(
     x_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K, stride_xm, n_steps,
     steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
-    DEQUANT: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)
         q, scale = _iq3_s_groups(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, row, at, K // 32)
-        acc = _consume_groups(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
-            DEQUANT)  # fmt: skip
-    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+        acc = _accumulate_groups(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, m, M, K)
+    store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
@@ -969,16 +954,7 @@ def gemv_iq3_s_dot(
 ):  # fmt: skip
     wait_for_inputs(PDL)
     _iq3_s_tiles(x_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K, stride_xm,
-        n_steps, steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
-
-
-@triton.jit
-def dequant_iq3_s(
-    d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, N, K, n_steps,
-    BLOCK_N: tl.constexpr, STEP: tl.constexpr,
-):  # fmt: skip
-    _iq3_s_tiles(out_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, 0, N, K, 0,
-        n_steps, 1, 16, BLOCK_N, STEP, True)  # fmt: skip
+        n_steps, steps_per_split, BLOCK_M, BLOCK_N, STEP)  # fmt: skip
 
 
 @triton.jit
@@ -999,16 +975,14 @@ def gemv_iq3_xxs(
 def _iq3_xxs_tiles(
     x_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps,
     steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
-    DEQUANT: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)
         q, scale = _iq3_xxs_groups(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, row, at, K // 32)
-        acc = _consume_groups(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
-            DEQUANT)  # fmt: skip
-    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+        acc = _accumulate_groups(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, m, M, K)
+    store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
@@ -1018,16 +992,7 @@ def gemv_iq3_xxs_dot(
 ):  # fmt: skip
     wait_for_inputs(PDL)
     _iq3_xxs_tiles(x_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps,
-        steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
-
-
-@triton.jit
-def dequant_iq3_xxs(
-    d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, N, K, n_steps,
-    BLOCK_N: tl.constexpr, STEP: tl.constexpr,
-):  # fmt: skip
-    _iq3_xxs_tiles(out_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, 0, N, K, 0, n_steps, 1,
-        16, BLOCK_N, STEP, True)  # fmt: skip
+        steps_per_split, BLOCK_M, BLOCK_N, STEP)  # fmt: skip
 
 
 @triton.jit
@@ -1047,16 +1012,15 @@ def gemv_iq2_xxs(
 @triton.jit
 def _iq2_xxs_tiles(
     x_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, DEQUANT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     n, m, split, first, last, row = _tile_program(M, N, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)
         q, scale = _iq2_xxs_groups(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, row, at, K // 32)
-        acc = _consume_groups(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, m, M, K, out_ptr, n, N,
-            DEQUANT)  # fmt: skip
-    _finish(out_ptr, acc, m, n, M, N, split, DEQUANT)
+        acc = _accumulate_groups(acc, q, scale, g, _natural_order(), x_ptr, stride_xm, m, M, K)
+    store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
@@ -1066,15 +1030,7 @@ def gemv_iq2_xxs_dot(
 ):  # fmt: skip
     wait_for_inputs(PDL)
     _iq2_xxs_tiles(x_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps,
-        steps_per_split, BLOCK_M, BLOCK_N, STEP, False)  # fmt: skip
-
-
-@triton.jit
-def dequant_iq2_xxs(
-    d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, N, K, n_steps, BLOCK_N: tl.constexpr, STEP: tl.constexpr
-):
-    _iq2_xxs_tiles(out_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, 0, N, K, 0, n_steps, 1, 16,
-        BLOCK_N, STEP, True)  # fmt: skip
+        steps_per_split, BLOCK_M, BLOCK_N, STEP)  # fmt: skip
 
 
 @dataclass(frozen=True)
