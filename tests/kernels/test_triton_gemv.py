@@ -170,6 +170,8 @@ def check_dequantize(qtype: gguf.GGMLQuantizationType, rows: int = ROWS, cols: i
     got = prefill_gemm.dequantize_weight(weight, torch.float32).cpu()
     assert got.shape == want.shape == info.shape, (got.shape, want.shape)
     torch.testing.assert_close(got, want.reshape(info.shape), rtol=1e-6, atol=1e-30)
+    if qtype in IQ_QTYPES:  # products without sums (no fused multiply-add can round differently): exact
+        assert torch.equal(got, want.reshape(info.shape))
     half = prefill_gemm.dequantize_weight(
         weight, torch.float16
     ).cpu()  # the prefill operands: round to nearest even
@@ -250,6 +252,8 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
             )
     for qtype in QTYPES:
         cases[f"dequant-{qtype.name}"] = lambda q=qtype: check_dequantize(q)
+    for qtype in IQ_QTYPES:  # more rows than a dequant program's BLOCK_N, with a tail
+        cases[f"dequant-rows-{qtype.name}"] = lambda q=qtype: check_dequantize(q, rows=37)
     cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
     cases["quantize_rows"] = check_quantize_rows
     cases["round_rows"] = check_round_rows

@@ -1,12 +1,12 @@
 """The prefill dequantizers of the codebook formats (IQ*): each writes the whole matrix [N, K] in the
 output's dtype, bit for bit gguf's values rounded once (prefill_gemm.dequantize_weight).
 
-A program owns BLOCK_N rows and one K step of STEP columns (STEP // 32 groups). Its tiles are laid out
-so that the stores are runs of 16 (IQ4: a byte's low nibbles are elements 0..15 of its group, the high
-ones 16..31, stored as two halves) or 8 (lattice formats: one sign byte's 8 elements) consecutive
-columns per thread: the compiler then writes 16-byte vectors along rows. The tensor-core kernels' tile
-code joins the nibbles side by side (the product does not care about the column order); stored, that
-order compiled to one 2-byte store per element, the lanes of a warp on 32 different rows.
+A program owns BLOCK_N rows and one K step of STEP columns (STEP // 32 groups). Its tiles end in runs
+of 8 consecutive columns, so that a thread's values are stored as one 16-byte vector of float16 (IQ4:
+the low nibbles of a group's 16 bytes are its elements 0..15, the high ones 16..31, stored as two
+halves; lattice formats: one sign byte's 8 elements). The tensor-core kernels' tile code joins the
+nibbles side by side (the product does not care about the column order); stored, that order compiled
+to one 2-byte store per element, the lanes of a warp on 32 different rows (sm_90, Triton 3.6).
 
 Values come from the tables of planes.tables: the IQ4 levels as float32 (one L1 read per element, no
 integer conversion), the lattice points as int32 words of 4 byte values (one read per 4 elements).
@@ -40,11 +40,19 @@ def _tile(N, K, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
 
 
 @triton.jit
+def _runs():
+    """Byte 8r + e of a group's 16 [1, 1, 2, 8]: tiles of runs of 8, so that a thread's bytes (8, one
+    8-byte load) and its values (8 columns, one 16-byte store of float16) are the same elements, with
+    no exchange between the threads in between."""
+    return 8 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 8)[None, None, None, :]
+
+
+@triton.jit
 def _store_halves(out_ptr, start, g, ok, low, high):
-    """Elements 0..15 (low [BLOCK_N, G, 16]) and 16..31 (high) of groups g, each a run of 16 columns."""
-    at = out_ptr + start + (g * 32)[None, :, None] + tl.arange(0, 16)[None, None, :]
-    tl.store(at, low.to(out_ptr.dtype.element_ty), mask=ok[:, :, None])
-    tl.store(at + 16, high.to(out_ptr.dtype.element_ty), mask=ok[:, :, None])
+    """Elements 0..15 (low [BLOCK_N, G, 2, 8], `_runs`) and 16..31 (high) of groups g."""
+    at = out_ptr + start[:, :, :, None] + (g * 32)[None, :, None, None] + _runs()
+    tl.store(at, low.to(out_ptr.dtype.element_ty), mask=ok[:, :, None, None])
+    tl.store(at + 16, high.to(out_ptr.dtype.element_ty), mask=ok[:, :, None, None])
 
 
 @triton.jit
@@ -54,8 +62,8 @@ def dequant_iq4_nl(
     # per 32: d, qs[16] (byte i: elements i (low nibble) and 16 + i (high), indices of the 16 levels)
     row, g, at, ok, start = _tile(N, K, BLOCK_N, STEP)
     block = row[:, None] * (K // 32) + at[None, :]
-    qs = tl.load(qs_ptr + block[:, :, None] * 16 + tl.arange(0, 16)[None, None, :]).to(tl.int32)
-    d = tl.load(d_ptr + block).to(tl.float32)[:, :, None]
+    qs = tl.load(qs_ptr + block[:, :, None, None] * 16 + _runs()).to(tl.int32)
+    d = tl.load(d_ptr + block).to(tl.float32)[:, :, None, None]
     low = tl.load(levels_ptr + (qs & 15)) * d
     high = tl.load(levels_ptr + (qs >> 4)) * d
     _store_halves(out_ptr, start, g, ok, low, high)
@@ -70,8 +78,8 @@ def dequant_iq4_xs(
     # nibbles as IQ4_NL)
     row, g, at, ok, start = _tile(N, K, BLOCK_N, STEP)
     sb, ib = super_block(row, at, K // 32)
-    qs = tl.load(qs_ptr + (sb * 128 + ib * 16)[:, :, None] + tl.arange(0, 16)[None, None, :]).to(tl.int32)
-    scale = iq4_xs_scale(d_ptr, scales_h_ptr, scales_l_ptr, sb, ib)[:, :, None]
+    qs = tl.load(qs_ptr + (sb * 128 + ib * 16)[:, :, None, None] + _runs()).to(tl.int32)
+    scale = iq4_xs_scale(d_ptr, scales_h_ptr, scales_l_ptr, sb, ib)[:, :, None, None]
     low = tl.load(levels_ptr + (qs & 15)) * scale
     high = tl.load(levels_ptr + (qs >> 4)) * scale
     _store_halves(out_ptr, start, g, ok, low, high)
