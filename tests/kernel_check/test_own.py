@@ -22,7 +22,14 @@ triton = pytest.importorskip("triton")
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from gufo.cli import main as cli_main  # noqa: E402
-from gufo.kernels.triton import attention, elementwise, gemv_int8, gemv_kernels, offline  # noqa: E402
+from gufo.kernels.triton import (  # noqa: E402
+    attention,
+    codebook_dequant,
+    elementwise,
+    gemv_int8,
+    gemv_kernels,
+    offline,
+)
 
 ALLOWANCE = Path(gemv_kernels.__file__).with_name("allowance.json")
 TARGETS = ("gfx1151", "sm_90")
@@ -86,7 +93,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     _, kernels = compiled
     public = {
         name
-        for module in (gemv_kernels, gemv_int8, attention, elementwise)
+        for module in (gemv_kernels, codebook_dequant, gemv_int8, attention, elementwise)
         for name, obj in vars(module).items()
         if isinstance(obj, JITFunction) and not name.startswith("_") and obj.fn.__module__ == module.__name__
     }
