@@ -1,7 +1,8 @@
 """The prefill dequantizers of the codebook formats (IQ*): each writes the whole matrix [N, K] in the
 output's dtype, bit for bit gguf's values rounded once (prefill_gemm.dequantize_weight).
 
-A program owns BLOCK_N rows and one K step of STEP columns (STEP // 32 groups). Its tiles end in runs
+A program owns BLOCK_N rows and one K step of STEP columns (STEP // 32 groups; the arguments are the
+other formats' dequantizers', whose n_steps these do not need). Its tiles end in runs
 of 8 consecutive columns, so that a thread's values are stored as one 16-byte vector of float16 (IQ4:
 the low nibbles of a group's 16 bytes are its elements 0..15, the high ones 16..31, stored as two
 halves; lattice formats: one sign byte's 8 elements). The tensor-core kernels' tile code joins the
@@ -28,9 +29,9 @@ from gufo.kernels.triton.codebook_groups import (
 
 @triton.jit
 def _tile(N, K, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
-    """Rows n [BLOCK_N], their read rows (past N: row 0, in bounds, never stored), groups g [G] of this
-    program's K step, the groups read (clamped in bounds), the store mask [BLOCK_N, G] and the rows'
-    first output elements (int64: N * K may pass 2^31; the columns added to them are int32)."""
+    """This program's weight rows [BLOCK_N] (past N: row 0, in bounds, never stored), groups g [G] of its
+    K step and the groups read (clamped in bounds), the store mask [BLOCK_N, G] and the rows' first
+    output elements [BLOCK_N, 1, 1] (int64: N * K may pass 2^31; the columns added to them are int32)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     g = tl.program_id(1) * (STEP // 32) + tl.arange(0, STEP // 32)
     n_groups = K // 32
