@@ -29,7 +29,9 @@ DEQUANT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def dequantize_weight(weight: TritonWeight, dtype: torch.dtype = PREFILL_DTYPE) -> torch.Tensor:
     """The whole matrix [N, K] in `dtype`, dequantized on the device by the format's Triton kernel
-    (the same tile code as the tensor-core gemv, so both round identically before the product)."""
+    (the tensor-core gemv's tile code; the codebook formats' own kernels, codebook_dequant, which
+    store in column order): the same values as the gemv's tiles, so both round identically before
+    the product."""
     if weight.qtype not in FORMATS:
         raise ValueError(f"no Triton dequantizer for {weight.qtype.name} weights")
     if dtype not in DEQUANT_DTYPES:
