@@ -22,7 +22,7 @@ from gufo.kernels.triton.checks import check_device, check_dims, check_dtype, ch
 from gufo.kernels.triton.dependent_launch import DependentLaunch, LaunchedKernel, wait_for_inputs
 
 CONV_BLOCK = 512  # channels per program of the conv update
-VALUE_BLOCK = 32  # value columns per program of the delta rule: a [key_dim, 32] tile of the state
+VALUE_BLOCK = 16  # value columns per program of the delta rule: a [key_dim, 16] tile (docs/decisions.md)
 NUM_WARPS = 4
 
 
