@@ -223,3 +223,25 @@ def test_cuda_matches_the_cpu_with_and_without_graphs(model_path):
         prefill = engine.prefill(tokens, all_logits=True)
         assert float((prefill.argmax(-1) == cpu.argmax(-1)).float().mean()) > 0.9
         assert validate_prefill(engine, 256).passed
+
+
+@pytest.mark.gpu
+def test_cuda_batched_rows_equal_each_row_alone(model_path):
+    """Graph replays of several sequences' steps (rows out of order, one starting at position 0): each
+    row's logits and each slot's recurrent state bit for bit those of its own one-row steps."""
+    prompts = {0: [1, 5, 9, 2, 7, 3, 11], 1: [4, 4, 8], 2: [8, 1, 6, 2, 9], 3: [3]}
+    engines = [Engine(model_path, options=RunOptions(device="cuda"), context=64, n_slots=4) for _ in range(2)]
+    for engine in engines:
+        for slot, prompt in prompts.items():
+            engine.prefill(prompt, slot=slot)
+    alone, batched = engines
+    assert batched.model.routes()["decode_layer"] == "cuda:torch-layer-per-token"
+    order, lengths = [2, 0, 3, 1], {0: 7, 1: 0, 2: 5, 3: 1}  # slot 1's sequence starts over
+    for tokens in ([3, 10, 7, 1], [12, 2, 5, 6], [9, 9, 9, 9]):
+        positions = [lengths[slot] for slot in order]
+        want = torch.stack([alone.decode(*row) for row in zip(tokens, positions, order, strict=True)])
+        assert torch.equal(batched.decode_batch(tokens, positions, order), want)
+        lengths.update((slot, length + 1) for slot, length in zip(order, positions, strict=True))
+    for slot in prompts:
+        states = zip(alone.cache.recurrent.save(slot), batched.cache.recurrent.save(slot), strict=True)
+        assert all(torch.equal(a, b) for a, b in states), slot
