@@ -227,8 +227,9 @@ def test_cuda_matches_the_cpu_with_and_without_graphs(model_path):
 
 @pytest.mark.gpu
 def test_cuda_batched_rows_equal_each_row_alone(model_path):
-    """Graph replays of several sequences' steps (rows out of order, one starting at position 0): each
-    row's logits and each slot's recurrent state bit for bit those of its own one-row steps."""
+    """Graph replays of several sequences' steps (captured up front, as a server does; rows out of order,
+    one starting at position 0): each row's logits and each slot's recurrent state bit for bit those of
+    its own one-row steps."""
     prompts = {0: [1, 5, 9, 2, 7, 3, 11], 1: [4, 4, 8], 2: [8, 1, 6, 2, 9], 3: [3]}
     engines = [Engine(model_path, options=RunOptions(device="cuda"), context=64, n_slots=4) for _ in range(2)]
     for engine in engines:
@@ -236,6 +237,7 @@ def test_cuda_batched_rows_equal_each_row_alone(model_path):
             engine.prefill(prompt, slot=slot)
     alone, batched = engines
     assert batched.model.routes()["decode_layer"] == "cuda:torch-layer-per-token"
+    batched.prepare_rows(4)  # a server's captures up front: their warm-ups must keep every slot's state
     order, lengths = [2, 0, 3, 1], {0: 7, 1: 0, 2: 5, 3: 1}  # slot 1's sequence starts over
     for tokens in ([3, 10, 7, 1], [12, 2, 5, 6], [9, 9, 9, 9]):
         positions = [lengths[slot] for slot in order]
