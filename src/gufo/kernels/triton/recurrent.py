@@ -2,8 +2,8 @@
 delta rule, one token per row, each row over its own slot's state.
 
 A row's program reads only its token and its slot's state, so a step of several sequences gives each row
-the numbers of its own one-row step (the row's slot is an offset, stride 0 for the one slot of a single
-sequence). Several tokens of one sequence (prefill) run the torch reference, whose chunked form solves a
+the numbers of its own one-row step (the row's slot only offsets its state; a single sequence's step
+runs the same arithmetic on the one slot it is given). Several tokens of one sequence (prefill) run the torch reference, whose chunked form solves a
 chunk at once. Registered on the "cuda" backend beside the references (`gufo.kernels.causal_conv`,
 `gufo.kernels.delta_rule`), their test oracles.
 """
