@@ -3,7 +3,7 @@
 then 2, slots out of order; then 4 of the sequences; then 2; then all again) against each row's own
 one-token step (`Engine.decode`) on a second engine: prints the largest difference per step, and for a
 model with recurrent state (qwen35) whether every slot's state is bit for bit its one-row steps' after
-the steps; exits 1 unless every row and every state is bit for bit equal.
+the steps; prints PASS and exits 0 when every row and every state is bit for bit equal, else FAIL, 1.
 
     python scripts/rows_check.py FILE.gguf [FILE.gguf ...]
     python scripts/rows_check.py --time FILE.gguf     # ms per decode_batch step of 1, 2, 4, 8, 16 rows
@@ -81,6 +81,7 @@ def main() -> int:
             time_steps(path)
         return 0
     results = [check(path) for path in args.files]
+    print("PASS" if all(results) else "FAIL", flush=True)
     return 0 if all(results) else 1
 
 
