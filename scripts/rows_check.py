@@ -1,7 +1,9 @@
 """GPU check of the batched decode rows (what `gufo serve` runs for its active requests): for a GGUF file,
-18 sequences of different lengths in 18 slots, two steps of `Engine.decode_batch` (graph replays of 16
-rows, then 2, slots out of order) against each row's own one-token step (`Engine.decode`) on a second
-engine: prints the largest difference per step and exits 1 unless every row is bit for bit equal.
+18 sequences of different lengths in 18 slots, steps of `Engine.decode_batch` (graph replays of 16 rows
+then 2, slots out of order; then 4 of the sequences; then 2; then all again) against each row's own
+one-token step (`Engine.decode`) on a second engine: prints the largest difference per step, and for a
+model with recurrent state (qwen35) whether every slot's state is bit for bit its one-row steps' after
+the steps; prints PASS and exits 0 when every row and every state is bit for bit equal, else FAIL, 1.
 
     python scripts/rows_check.py FILE.gguf [FILE.gguf ...]
     python scripts/rows_check.py --time FILE.gguf     # ms per decode_batch step of 1, 2, 4, 8, 16 rows
@@ -26,23 +28,29 @@ ROWS = 18
 
 def check(path: str) -> bool:
     prompts = [[(7 * i + j) % 500 + 1 for j in range(1 + 3 * (i % 5))] for i in range(ROWS)]
-    slots = [(5 * i) % ROWS for i in range(ROWS)]
+    order = [(5 * i) % ROWS for i in range(ROWS)]
     engines = [Engine(path, RunOptions(device="cuda"), context=256, n_slots=ROWS) for _ in range(2)]
     for engine in engines:
         for slot, prompt in enumerate(prompts):
             engine.prefill(prompt, slot=slot)
     alone, batched = engines
-    positions = [len(prompts[s]) for s in slots]
+    positions = {slot: len(prompt) for slot, prompt in enumerate(prompts)}
     equal = True
-    for step in range(2):
+    for step, slots in enumerate((order, order[:4], order[4:6], order)):
         tokens = [40 + step + s for s in slots]
-        want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, positions, slots, strict=True)])
-        got = batched.decode_batch(tokens, positions, slots)
+        at = [positions[s] for s in slots]
+        want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, at, slots, strict=True)])
+        got = batched.decode_batch(tokens, at, slots)
         same = [bool(torch.equal(g, w)) for g, w in zip(got, want, strict=True)]
         diff = float((got - want).abs().max())
-        print(f"{path} step {step}: rows equal {sum(same)}/{ROWS} max_abs_diff {diff:.3e}", flush=True)
+        print(f"{path} step {step}: rows equal {sum(same)}/{len(slots)} max_abs_diff {diff:.3e}", flush=True)
         equal &= all(same)
-        positions = [p + 1 for p in positions]
+        positions.update((s, p + 1) for s, p in zip(slots, at, strict=True))
+    if batched.cache.recurrent is not None:
+        states = [(alone.cache.recurrent.save(s), batched.cache.recurrent.save(s)) for s in range(ROWS)]
+        same = [all(torch.equal(a, b) for a, b in zip(*pair, strict=True)) for pair in states]
+        print(f"{path} recurrent state: slots equal {sum(same)}/{ROWS}", flush=True)
+        equal &= all(same)
     return equal
 
 
@@ -73,6 +81,7 @@ def main() -> int:
             time_steps(path)
         return 0
     results = [check(path) for path in args.files]
+    print("PASS" if all(results) else "FAIL", flush=True)
     return 0 if all(results) else 1
 
 

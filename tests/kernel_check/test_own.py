@@ -29,6 +29,7 @@ from gufo.kernels.triton import (  # noqa: E402
     gemv_int8,
     gemv_kernels,
     offline,
+    recurrent,
 )
 
 ALLOWANCE = Path(gemv_kernels.__file__).with_name("allowance.json")
@@ -37,7 +38,7 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 # Once each, in their first launch configuration: the codebook formats' kernels (IQ*), the legacy
 # formats' (Q4_0, Q4_1, Q5_0) and the float weights' (F32, F16, BF16); every configuration of the K-quant
 # and Q8_0 kernels, attention and the elementwise kernels. All of them (`gufo kernels own` without the
-# flag) are 287 variants over the two targets, these 223 (docs/decisions.md, "The CI's own check").
+# flag) are 295 variants over the two targets, these 231 (docs/decisions.md, "The CI's own check").
 FIRST_ONLY = tuple(
     arg for glob in ("*_iq*", "*_q4_0*", "*_q4_1*", "*_q5_0*", "*_float*") for arg in ("--first-only", glob)
 )
@@ -93,7 +94,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     _, kernels = compiled
     public = {
         name
-        for module in (gemv_kernels, codebook_dequant, gemv_int8, attention, elementwise)
+        for module in (gemv_kernels, codebook_dequant, gemv_int8, attention, elementwise, recurrent)
         for name, obj in vars(module).items()
         if isinstance(obj, JITFunction) and not name.startswith("_") and obj.fn.__module__ == module.__name__
     }
@@ -104,6 +105,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     engine |= {"attention_decode_split", "attention_decode_combine"}
     engine |= {"rms_norm_rows", "add_rms_norm_rows", "rope_rows", "rms_norm_rope_rows", "gated_act_rows"}
     engine.add("attention_heads_to_cache")
+    engine |= {"causal_conv_step", "gated_delta_rule_step"}
     # NVIDIA multiplies float32 activations of these formats on int8 (dp4a) for large weights, and
     # rounds their prefill activations to the same int8 values; smaller weights keep the vector kernels
     # (KernelOptions.int8_min_weights, own_fixtures.SMALL_SHAPES)

@@ -11,6 +11,7 @@ import torch
 from qwen35_gguf import tiny_hf_model, write_gguf
 
 from gufo.engine.engine import Engine
+from gufo.engine.graphs.decode import GraphDecoder
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.engine.speculative import (
     Draft,
@@ -19,6 +20,8 @@ from gufo.engine.speculative import (
     SpeculativeParams,
     Speculator,
 )
+from gufo.gguf.model_file import open_model_file
+from gufo.models.registry import build_model
 from gufo.options import RunOptions
 from gufo.tools.quality.validate_prefill import validate_prefill
 from tests.conftest import gufo
@@ -167,6 +170,36 @@ def test_int8_rejected_drafts_leave_the_state_of_plain_decoding(int8_model_path)
     check_rejections_leave_plain_state(Engine(int8_model_path, context=128), state_tensors, poison)
 
 
+@torch.inference_mode()
+def test_a_step_of_several_sequences_matches_each_alone(model_path):
+    """A step of three sequences in one uncaptured pass (each row's slot and position on the device, as a
+    server's batched graph replay takes them): each row its own eager step's logits, each slot its own
+    recurrent state and KV entries. The rows name their slots out of order; one row starts a new
+    sequence (position 0) in a slot whose state another sequence left."""
+    model = build_model(open_model_file(model_path), "torch")
+    eager_cache, rows_cache = model.new_cache(3, 32), model.new_cache(3, 32)
+    prompts = {0: [1, 5, 9, 2, 7, 3, 11], 1: [4, 4, 8], 2: [8, 1, 6, 2, 9]}
+    for cache in (eager_cache, rows_cache):
+        for slot, prompt in prompts.items():
+            model.forward(torch.tensor(prompt), cache, slot, 0)
+    steps = GraphDecoder(model, rows_cache, torch.device("cpu"), max_tokens=3, capture=False)
+    order = [2, 0, 1]
+    lengths = {0: 7, 1: 0, 2: 5}  # slot 1's sequence starts over
+    for tokens in ([3, 10, 7], [12, 2, 5]):
+        positions = [lengths[slot] for slot in order]
+        got = steps.decode_rows(tokens, positions, order)
+        for row, (token, position, slot) in enumerate(zip(tokens, positions, order, strict=True)):
+            eager = model.forward(torch.tensor([token]), eager_cache, slot, position)[-1]
+            torch.testing.assert_close(got[row], eager, rtol=1e-5, atol=1e-5)
+            lengths[slot] += 1
+    for slot, length in lengths.items():
+        states = zip(eager_cache.recurrent.save(slot), rows_cache.recurrent.save(slot), strict=True)
+        for eager_state, rows_state in states:
+            torch.testing.assert_close(rows_state, eager_state, rtol=1e-5, atol=1e-5)
+        for eager_keys, rows_keys in zip(eager_cache.keys, rows_cache.keys, strict=True):
+            torch.testing.assert_close(rows_keys[slot, :, :length], eager_keys[slot, :, :length])
+
+
 def test_only_attention_layers_hold_kv(model_path):
     engine = Engine(model_path, context=64)
     lengths = [k.shape[2] for k in engine.cache.keys]
@@ -190,3 +223,27 @@ def test_cuda_matches_the_cpu_with_and_without_graphs(model_path):
         prefill = engine.prefill(tokens, all_logits=True)
         assert float((prefill.argmax(-1) == cpu.argmax(-1)).float().mean()) > 0.9
         assert validate_prefill(engine, 256).passed
+
+
+@pytest.mark.gpu
+def test_cuda_batched_rows_equal_each_row_alone(model_path):
+    """Graph replays of several sequences' steps (captured up front, as a server does; rows out of order,
+    one starting at position 0): each row's logits and each slot's recurrent state bit for bit those of
+    its own one-row steps."""
+    prompts = {0: [1, 5, 9, 2, 7, 3, 11], 1: [4, 4, 8], 2: [8, 1, 6, 2, 9], 3: [3]}
+    engines = [Engine(model_path, options=RunOptions(device="cuda"), context=64, n_slots=4) for _ in range(2)]
+    for engine in engines:
+        for slot, prompt in prompts.items():
+            engine.prefill(prompt, slot=slot)
+    alone, batched = engines
+    assert batched.model.routes()["decode_layer"] == "cuda:torch-layer-per-token"
+    batched.prepare_rows(4)  # a server's captures up front: their warm-ups must keep every slot's state
+    order, lengths = [2, 0, 3, 1], {0: 7, 1: 0, 2: 5, 3: 1}  # slot 1's sequence starts over
+    for tokens in ([3, 10, 7, 1], [12, 2, 5, 6], [9, 9, 9, 9]):
+        positions = [lengths[slot] for slot in order]
+        want = torch.stack([alone.decode(*row) for row in zip(tokens, positions, order, strict=True)])
+        assert torch.equal(batched.decode_batch(tokens, positions, order), want)
+        lengths.update((slot, length + 1) for slot, length in zip(order, positions, strict=True))
+    for slot in prompts:
+        states = zip(alone.cache.recurrent.save(slot), batched.cache.recurrent.save(slot), strict=True)
+        assert all(torch.equal(a, b) for a, b in states), slot

@@ -328,8 +328,9 @@ class Engine:
         self, tokens: Sequence[int], position: int, slot: int, one_pass: bool
     ) -> torch.Tensor:
         """`decode_tokens` with recurrent state, checkpointed after each token but the last for
-        `keep_tokens`: in one batch-invariant pass whose layers step token by token (the CPU's), else one
-        decode step per token (no batched kernel takes this state on GPUs yet)."""
+        `keep_tokens`: in one batch-invariant pass whose layers step token by token (eager), else one
+        decode step per token (a graph replays one token's step: keeping the state after each token of
+        a multi-token replay is not captured)."""
         recurrent = self.cache.recurrent
         pool = self._checkpoints.setdefault(slot, [])
         while len(pool) < len(tokens) - 1:
@@ -384,8 +385,8 @@ class Engine:
         Each row's logits equal what `decode` gives it alone (greedy output does not depend on the
         batch): one pass reading each weight once for all rows when the decode kernel takes rows of
         different slots (the fused CPU layer), graph replays of up to `max_tokens` rows each on a GPU
-        whose decode route is batch-invariant (models without recurrent state), one decode step per row
-        otherwise."""
+        whose decode route is batch-invariant (each row over its own slot's KV and recurrent state), one
+        decode step per row otherwise."""
         if len(tokens) > 1 and self._graph_rows:
             self.check_fits(max(positions) + 1)
             limit = self.graph_decoder.max_tokens
@@ -410,8 +411,7 @@ class Engine:
     def _graph_rows(self) -> bool:
         """Whether graph replays take decode steps of several sequences (each row its one-token numbers)."""
         decoder = self.graph_decoder
-        rows = self.batched_rows and self.cache.recurrent is None
-        return rows and decoder is not None and decoder.max_tokens > 1
+        return self.batched_rows and decoder is not None and decoder.max_tokens > 1
 
     def prepare_rows(self, n_rows: int) -> None:
         """Capture now the graphs that `decode_batch` replays for up to `n_rows` sequences (a server's

@@ -16,8 +16,17 @@ class ReferenceCausalConv1d(CausalConvKernel):
     name = "torch-causal-conv1d"
 
     @staticmethod
-    def apply(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x: [T, C]; state: [C, K - 1], advanced in place; weight: [C, K]. Returns [T, C]."""
+    def apply(
+        x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x: [T, C]; state: [C, K - 1], advanced in place; weight: [C, K]. Returns [T, C]. With `slots`
+        ([T] int64) state is a layer's [slots, C, K - 1] and token t the next of slot slots[t]."""
+        if slots is not None:
+            rows = [
+                ReferenceCausalConv1d.apply(x[t : t + 1], state[s], weight)
+                for t, s in enumerate(slots.tolist())
+            ]
+            return torch.cat(rows) if rows else torch.empty_like(x)
         n_tokens, width = x.shape[0], weight.shape[1]
         window = torch.cat((state, x.T), dim=1)  # [C, K - 1 + T]
         # K shifted multiply-adds: exact float32 on every device (cuDNN's conv may round to TF32)

@@ -167,7 +167,13 @@ class AttentionDecodeKernel(Kernel, Protocol):
 
 
 class CausalConvKernel(Kernel, Protocol):
-    def apply(self, x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor: ...
+    def apply(
+        self,
+        x: torch.Tensor,
+        state: torch.Tensor,
+        weight: torch.Tensor,
+        slots: torch.Tensor | None = None,  # token t advances slot slots[t] of state [slots, C, K - 1]
+    ) -> torch.Tensor: ...
 
 
 class DeltaRuleKernel(Kernel, Protocol):
@@ -180,6 +186,8 @@ class DeltaRuleKernel(Kernel, Protocol):
         beta: torch.Tensor,
         state: torch.Tensor,
         scale: float,
+        slots: torch.Tensor | None = None,  # token t advances slot slots[t] of state [slots, H, Dk, Dv]
+        qk_norm_eps: float | None = None,  # q and k L2-normalised first with this eps (None: given so)
     ) -> torch.Tensor: ...
 
 

@@ -105,8 +105,14 @@ def chunked_delta_rule(
     return out.reshape(n_heads, -1, out.shape[-1])[:, :n_tokens].transpose(0, 1)
 
 
+def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim (the mixer's q and k)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
 class ReferenceGatedDeltaRule(DeltaRuleKernel):
-    """One token: the recurrent form; more: the chunked form. q is multiplied by `scale` first."""
+    """One token: the recurrent form; more: the chunked form. q is multiplied by `scale` first. With
+    `slots` each token is one decode step of its own sequence (token by token, over its slot's state)."""
 
     name = "torch-gated-delta-rule"
 
@@ -119,7 +125,18 @@ class ReferenceGatedDeltaRule(DeltaRuleKernel):
         beta: torch.Tensor,
         state: torch.Tensor,
         scale: float,
+        slots: torch.Tensor | None = None,
+        qk_norm_eps: float | None = None,
     ) -> torch.Tensor:
+        if qk_norm_eps is not None:
+            q, k = l2_normalize(q, qk_norm_eps), l2_normalize(k, qk_norm_eps)
+        if slots is not None:
+            rows = [
+                recurrent_delta_rule(q[t : t + 1] * scale, k[t : t + 1], v[t : t + 1], g[t : t + 1],
+                                     beta[t : t + 1], state[s])
+                for t, s in enumerate(slots.tolist())
+            ]  # fmt: skip
+            return torch.cat(rows) if rows else torch.empty_like(v)
         form = recurrent_delta_rule if q.shape[0] == 1 else chunked_delta_rule
         return form(q * scale, k, v, g, beta, state)
 

@@ -72,20 +72,28 @@ class GraphDecoder:
     def _capture(self, slot: int, n_tokens: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         started = time.perf_counter()
         # recurrent state advances on every run, unlike KV writes: the replay must start from it unchanged
-        # (rows of several slots are refused for such models: `decode_rows`)
-        saved = None if self.cache.recurrent is None else self.cache.recurrent.save(slot)
+        stepped = self.inputs[2, :n_tokens].tolist() if slot == ROWS else [slot]
+        saved = self._saved_states(stepped)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):
             self._forward(slot, n_tokens)  # warm-up outside the graph: lazy allocations, kernel autotuning
-            if saved is not None:
-                self.cache.recurrent.load(slot, saved)
+            self._load_states(saved)
             logits = record(graph, self.pool, lambda: self._forward(slot, n_tokens))
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.capture_seconds += time.perf_counter() - started
         log.debug("captured decode graph slot=%d tokens=%d", slot, n_tokens)
         return graph, logits
+
+    def _saved_states(self, slots: Sequence[int]) -> list[tuple[int, list[torch.Tensor]]]:
+        """Copies of the recurrent state of `slots` (none without recurrent state)."""
+        recurrent = self.cache.recurrent
+        return [] if recurrent is None else [(slot, recurrent.save(slot)) for slot in slots]
+
+    def _load_states(self, saved: list[tuple[int, list[torch.Tensor]]]) -> None:
+        for slot, state in saved:
+            self.cache.recurrent.load(slot, state)
 
     def prepare(self, slot: int, n_tokens: int) -> None:
         """Capture the graphs of 1..n_tokens tokens on `slot` now (their warm-ups write KV at the end of
@@ -124,23 +132,27 @@ class GraphDecoder:
     ) -> torch.Tensor:
         """Logits [B, vocab] (on the device) of one step of B sequences: token i at positions[i] of slot
         slots[i] (distinct slots), writing their KV like eager steps; B is at most `max_tokens`. Each row
-        runs the kernels of its own one-token step, which give it its one-token numbers."""
+        runs the kernels of its own one-token step, which give it its one-token numbers. A row at
+        position 0 starts its slot's recurrent state afresh (cleared here: the step continues each)."""
         n_rows = len(tokens)
         if not 0 < n_rows <= self.max_tokens:
             raise ValueError(f"{n_rows} rows in one graph step (1 to {self.max_tokens})")
         if self.cache.recurrent is not None:
-            raise ValueError("one step of several sequences needs a model without recurrent state")
+            for slot, position in zip(slots, positions, strict=True):
+                self.cache.recurrent.start(slot, position)
         self.inputs[:, :n_rows].copy_(torch.tensor([list(tokens), list(positions), list(slots)]))
         return self._run(ROWS, n_rows)
 
     def prepare_rows(self, n_rows: int) -> None:
         """Capture the graphs of steps of 2..n_rows sequences now (one sequence steps on its own slot's
         graph; the warm-ups write KV at the end of slots 0..n_rows - 1, which a sequence overwrites before
-        it reads there)."""
+        it reads there, and keep those slots' recurrent state)."""
         context = self.cache.context
         for count in range(2, min(n_rows, self.max_tokens, self.cache.n_slots) + 1 if self.capture else 0):
             if (ROWS, count) not in self.graphs:
+                saved = self._saved_states(range(count))
                 self.decode_rows([0] * count, [context - 1] * count, range(count))
+                self._load_states(saved)
 
     def _run(self, slot: int, n_tokens: int) -> torch.Tensor:
         """The step of `n_tokens` tokens on `slot` (ROWS: one row per slot in the inputs), replayed from

@@ -29,6 +29,7 @@ from gufo.kernels.triton.gemv_kernels import FORMATS
 from gufo.kernels.triton.launch import MAX_BLOCK_M, gemv
 from gufo.kernels.triton.planes import TritonWeight, weight_planes
 from gufo.kernels.triton.prefill_gemm import PREFILL_DTYPE
+from gufo.kernels.triton.recurrent import TritonCausalConv1d, TritonGatedDeltaRule
 from gufo.options import KernelOptions
 
 # Weight shapes [N, K] of a real model (Qwen3-0.6B: MLP down, gate/up, attention output, query). Every
@@ -138,9 +139,37 @@ def elementwise_examples(options: KernelOptions) -> Iterator[str]:
             gated.apply(gate, up, act, int8)
 
 
+# Qwen3.5's Gated DeltaNet (0.8B; the 27B's launches take the same constants): the conv over q, k and v
+# (6144 channels, kernel 4), 16 value heads of 128 x 128 state
+REFERENCE_DELTANET = (6144, 4, 16, 128, 128)
+
+
+def recurrent_examples(options: KernelOptions) -> Iterator[str]:
+    """The recurrent layers' decode steps, as meta tensors: one sequence's (its slot's state) and a step
+    of several sequences (rows over a layer's state of every slot)."""
+    launch = DependentLaunch(options.dependent_launch)
+    conv, delta = TritonCausalConv1d(launch), TritonGatedDeltaRule(launch)
+    channels, width, heads, key_dim, value_dim = REFERENCE_DELTANET
+    yield "float32"
+    for rows in (None, torch.empty(2, dtype=torch.int64, device="meta")):
+        n, layer = (1, ()) if rows is None else (2, (4,))  # a layer's state of 4 slots
+        conv_state = torch.empty(*layer, channels, width - 1, device="meta")
+        conv.apply(
+            torch.empty(n, channels, device="meta"),
+            conv_state,
+            torch.empty(channels, width, device="meta"),
+            rows,
+        )
+        qk = torch.empty(n, heads, key_dim, device="meta")
+        v, gates = torch.empty(n, heads, value_dim, device="meta"), torch.empty(n, heads, device="meta")
+        state = torch.empty(*layer, heads, key_dim, value_dim, device="meta")
+        delta.apply(qk, qk, v, gates, gates, state, key_dim**-0.5, rows, 1e-6)
+
+
 # in the order `gufo kernels own` records them (the first launch of a configuration is the one compiled)
 LAUNCH_EXAMPLES: tuple[Callable[[KernelOptions], Iterator[str]], ...] = (
     linear_examples,
     attention_examples,
     elementwise_examples,
+    recurrent_examples,
 )

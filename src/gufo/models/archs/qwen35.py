@@ -34,6 +34,7 @@ from gufo.kernels import backends, registry
 from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE
 from gufo.kernels.positions import TokenPositions
 from gufo.models.base import (
+    PER_TOKEN_MAX_TOKENS,
     DecoderLayer,
     DecoderModel,
     DecodeRoute,
@@ -90,10 +91,6 @@ def _check_shape(mf: ModelFile, name: str, expected: tuple[int, ...]) -> None:
     actual = mf.tensor(name).shape
     if tuple(actual) != expected:
         raise BadInputError(f"{mf.label}: tensor {name} has shape {list(actual)}, expected {list(expected)}")
-
-
-def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 class GatedDeltaNet:
@@ -153,18 +150,23 @@ class GatedDeltaNet:
     ) -> torch.Tensor:
         """With `TokenPositions` each token after the (batched) input projections runs the mixer as its
         own one-token step would, conv and delta-rule state advanced token by token (and kept after each
-        where the state's `keep_steps` asks)."""
+        where the state's `keep_steps` asks). With a `DevicePosition` of several slots each token is the
+        next of its own slot's sequence, all in one pass of the kernels."""
         state = cache.recurrent
-        conv, delta = state.conv[layer][slot], state.delta[layer][slot]
+        rows = start_pos.slots if isinstance(start_pos, DevicePosition) else None
+        if rows is None:
+            conv, delta = state.conv[layer][slot], state.delta[layer][slot]
+        else:
+            conv, delta = state.conv[layer], state.delta[layer]
         projected = self.project(x)
         if isinstance(start_pos, TokenPositions):
-            rows = []
+            steps = []
             for t in range(x.shape[0]):
-                rows.append(self.mix(*(p[t : t + 1] for p in projected), conv, delta))
+                steps.append(self.mix(*(p[t : t + 1] for p in projected), conv, delta))
                 state.stepped(layer, slot, t)
-            out = torch.cat(rows)
+            out = torch.cat(steps)
         else:
-            out = self.mix(*projected, conv, delta)
+            out = self.mix(*projected, conv, delta, rows)
         return self.out(out)
 
     def mix(
@@ -175,21 +177,23 @@ class GatedDeltaNet:
         a: torch.Tensor,
         conv: torch.Tensor,
         delta: torch.Tensor,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Projected rows -> the output projection's input [T, value_heads * value_dim], advancing the
-        slot's conv window and delta-rule state."""
+        slot's conv window and delta-rule state; with `slots` ([T] int64) conv and delta are the layer's
+        state of every slot and row t advances slot slots[t]'s."""
         s, n = self.shape, qkv.shape[0]
-        mixed = F.silu(self.conv.apply(qkv, conv, self.conv_weight))
+        mixed = F.silu(self.conv.apply(qkv, conv, self.conv_weight, slots))
         q, k, v = mixed.split(
             [s.key_heads * s.key_dim, s.key_heads * s.key_dim, s.value_heads * s.value_dim], -1
         )
-        q = l2_normalize(q.reshape(n, s.key_heads, s.key_dim), self.eps)
-        k = l2_normalize(k.reshape(n, s.key_heads, s.key_dim), self.eps)
+        q, k = q.reshape(n, s.key_heads, s.key_dim), k.reshape(n, s.key_heads, s.key_dim)
         if s.value_heads != s.key_heads:
             q, k = (self._per_value_head(t, s.value_heads // s.key_heads) for t in (q, k))
         g = self.a * F.softplus(a + self.dt_bias)
         v = v.reshape(n, s.value_heads, s.value_dim)
-        out = self.delta_rule.apply(q, k, v, g, torch.sigmoid(b), delta, s.key_dim**-0.5)
+        beta = torch.sigmoid(b)
+        out = self.delta_rule.apply(q, k, v, g, beta, delta, s.key_dim**-0.5, slots, self.eps)
         out = self.norm(out) * F.silu(z.reshape(n, s.value_heads, s.value_dim))
         return out.reshape(n, -1)
 
@@ -364,16 +368,25 @@ class Qwen35Model(DecoderModel):
         product is batch-invariant (the int8 kernel) and the FFNs are dense, they take any number of
         tokens, each computed as its own one-token step would be: attention per token over the cache,
         the DeltaNet mixer token by token between batched products. Prefill then runs them too and
-        equals decode bit for bit (docs/decisions.md, "CPU prefill of the hybrid runs token by token")."""
-        if self.backend == "cpu" and self._batch_invariant_layers():
+        equals decode bit for bit (docs/decisions.md, "CPU prefill of the hybrid runs token by token").
+        On GPUs with dense FFNs, as other models' layers there: up to PER_TOKEN_MAX_TOKENS tokens per
+        pass, each its one-token numbers (the recurrent kernels take one row per token, each over its
+        own slot's state: graph replays of several sequences' steps, `Engine.decode_batch`)."""
+        if self.backend == "cpu" and self._dense() and self._batch_invariant_products():
             return DecodeRoute("cpu:torch-layer-per-token", self._token_steps, True, None, False)
+        if self.backend == "cuda" and self._dense():
+            name = "cuda:torch-layer-per-token"
+            return DecodeRoute(name, self._layer_per_token, True, PER_TOKEN_MAX_TOKENS, False)
         return self.torch_layers_route()
 
-    def _batch_invariant_layers(self) -> bool:
+    def _dense(self) -> bool:
+        """Every FFN the dense SwiGLU (expert routing is not batch-invariant)."""
+        return all(isinstance(layer.ffn, GatedFFN) for layer in self.layers)
+
+    def _batch_invariant_products(self) -> bool:
         mixers = [self.layers[i].attn for i in self.recurrent_layers]
         linears = [*self._linears(), *(linear for mixer in mixers for linear in mixer.linears())]
-        dense = all(isinstance(layer.ffn, GatedFFN) for layer in self.layers)
-        return dense and all(linear.kernel.batch_invariant for linear in linears)
+        return all(linear.kernel.batch_invariant for linear in linears)
 
     def _token_steps(
         self,
@@ -413,9 +426,13 @@ class Qwen35Model(DecoderModel):
         per_token: bool = False,
     ) -> torch.Tensor:
         """As `DecoderModel.final_hidden`; a pass from position 0 starts the slot's recurrent state afresh,
-        any other continues it (so it must continue the sequence the state holds)."""
+        any other continues it (so it must continue the sequence the state holds). A step of several
+        sequences (a `DevicePosition` with slots) continues every row's: the caller clears the slots of
+        rows at position 0 first (`GraphDecoder.decode_rows`)."""
         if cache.recurrent is None:
             raise TypeError(f"{self.config.architecture} needs the cache of its new_cache (recurrent state)")
-        position = start_pos.index if isinstance(start_pos, DevicePosition) else start_pos
-        cache.recurrent.start(slot, position)
+        if not isinstance(start_pos, DevicePosition):
+            cache.recurrent.start(slot, start_pos)
+        elif start_pos.slots is None:
+            cache.recurrent.start(slot, start_pos.index)
         return super().final_hidden(tokens, cache, slot, start_pos, per_token)

@@ -1,0 +1,196 @@
+"""Decode steps of the recurrent (Gated DeltaNet) layers: the causal conv's window update and the gated
+delta rule, one token per row, each row over its own slot's state.
+
+A row's program reads only its token and its slot's state, so a step of several sequences gives each row
+the numbers of its own one-row step (the row's slot only offsets its state; a single sequence's step
+runs the same arithmetic on the one slot it is given). Several tokens of one sequence (prefill) run the
+torch reference, whose chunked form solves a chunk at once. Registered on the "cuda" backend beside the
+references (`gufo.kernels.causal_conv`, `gufo.kernels.delta_rule`), their test oracles.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gufo.kernels.causal_conv import ReferenceCausalConv1d
+from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE, CausalConvKernel, DeltaRuleKernel
+from gufo.kernels.delta_rule import ReferenceGatedDeltaRule
+from gufo.kernels.registry import Registration
+from gufo.kernels.triton.checks import check_device, check_dims, check_dtype, check_size
+from gufo.kernels.triton.dependent_launch import DependentLaunch, LaunchedKernel, wait_for_inputs
+
+CONV_BLOCK = 512  # channels per program of the conv update
+VALUE_BLOCK = 16  # value columns per program of the delta rule: a [key_dim, 16] tile (docs/decisions.md)
+NUM_WARPS = 4
+
+
+@triton.jit
+def causal_conv_step(
+    x_ptr, state_ptr, w_ptr, slot_ptr, out_ptr, C, stride_xt, stride_ss, stride_sc,
+    W: tl.constexpr, SLOTS: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """Per (token, BLOCK_C channels): out = sum_j w[:, j] window[:, j] over the window [state, x] (W taps,
+    summed in tap order as the reference does), and the state's W - 1 columns shifted by one. The state
+    is slot slot_ptr[token]'s (SLOTS), else the one slot given."""
+    wait_for_inputs(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = c < C
+    if SLOTS:
+        state_ptr += tl.load(slot_ptr + token) * stride_ss
+    column = state_ptr + c * stride_sc
+    x = tl.load(x_ptr + token * stride_xt + c, mask=mask, other=0.0).to(tl.float32)
+    w_row = w_ptr + c * W
+    for j in tl.static_range(W):
+        tap = tl.load(column + j, mask=mask, other=0.0) if j < W - 1 else x
+        if j == 0:
+            out = tap * tl.load(w_row, mask=mask, other=0.0)
+        else:
+            out = out + tap * tl.load(w_row + j, mask=mask, other=0.0)
+            tl.store(column + j - 1, tap, mask=mask)  # column j - 1 was read at tap j - 1
+    tl.store(out_ptr + token * C + c, out, mask=mask)
+
+
+@triton.jit
+def gated_delta_rule_step(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr, out_ptr, H, DK, DV,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
+    stride_ss, stride_sh, stride_sk, scale, eps,
+    NORM: tl.constexpr, SLOTS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """Per (token, head, BLOCK_V value columns), one decode step: S <- exp(g) S, then
+    S <- S + k (beta (v - S^T k))^T, out = S^T (scale q), on the columns' [DK, BLOCK_V] tile of the
+    state (each column's update reads only that column). q and k L2-normalised first (NORM). The state
+    is slot slot_ptr[token]'s (SLOTS), else the one slot given."""
+    wait_for_inputs(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dk = tl.arange(0, BLOCK_K)
+    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_mask, v_mask = dk < DK, dv < DV
+    if SLOTS:
+        state_ptr += tl.load(slot_ptr + token) * stride_ss
+    q = tl.load(q_ptr + token * stride_qt + head * stride_qh + dk, mask=k_mask, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + token * stride_kt + head * stride_kh + dk, mask=k_mask, other=0.0).to(tl.float32)
+    if NORM:
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
+    q = q * scale
+    v = tl.load(v_ptr + token * stride_vt + head * stride_vh + dv, mask=v_mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + token * stride_gt + head).to(tl.float32)
+    beta = tl.load(beta_ptr + token * stride_bt + head).to(tl.float32)
+    tile = state_ptr + head * stride_sh + dk[:, None] * stride_sk + dv[None, :]
+    tile_mask = k_mask[:, None] & v_mask[None, :]
+    s = tl.load(tile, mask=tile_mask, other=0.0) * tl.exp(g)
+    remembered = tl.sum(k[:, None] * s, axis=0)  # S^T k: what the state already returns for k
+    s = s + k[:, None] * ((v - remembered) * beta)[None, :]
+    tl.store(tile, s, mask=tile_mask)
+    tl.store(out_ptr + (token * H + head) * DV + dv, tl.sum(q[:, None] * s, axis=0), mask=v_mask)
+
+
+def _slot_args(
+    state: torch.Tensor, slots: torch.Tensor | None, n_tokens: int, dims: int, unread: torch.Tensor
+) -> tuple:
+    """(slot pointer, slot stride, one slot's state) of a launch: with `slots` ([T] int64) state is a
+    layer's [slots, ...] (dims + 1 dimensions), else one slot's (dims) and the pointer `unread`, an
+    input the kernel only reads (the interpreter writes every tensor argument back)."""
+    check_dims("state", state, dims if slots is None else dims + 1)
+    check_dtype("state", state, (torch.float32,))
+    if slots is None:
+        return unread, 0, state
+    check_device("slots", slots, state.device)
+    check_dtype("slots", slots, (torch.int64,))
+    check_size("slots entries (one per token)", slots.numel(), n_tokens)
+    return slots, state.stride(0), state[0]
+
+
+class TritonCausalConv1d(LaunchedKernel, CausalConvKernel):
+    name = "triton-causal-conv1d"
+
+    def apply(
+        self, x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The reference's contract (`gufo.kernels.causal_conv`), one launch for tokens of distinct
+        sequences (or a lone token); bit for bit the reference's sums (no fused multiply-adds)."""
+        if slots is None and x.shape[0] != 1:
+            return ReferenceCausalConv1d.apply(x, state, weight)
+        check_dims("x", x, 2)
+        slot_ptr, slot_stride, one = _slot_args(state, slots, x.shape[0], 2, weight)
+        channels, width = weight.shape
+        check_size("state channels", one.shape[0], channels)
+        check_size("state columns (kernel - 1)", one.shape[1], width - 1)
+        check_size("x channels", x.shape[1], channels)
+        for what, tensor in (("weight", weight), ("state", state)):
+            check_device(what, tensor, x.device)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if one.stride(-1) != 1 or not weight.is_contiguous():
+            raise ValueError("causal conv: state rows and weight must be contiguous")
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        if x.shape[0]:
+            causal_conv_step[(x.shape[0], triton.cdiv(channels, CONV_BLOCK))](
+                x, state, weight, slot_ptr, out, channels, x.stride(0), slot_stride, one.stride(0),
+                W=width, SLOTS=slots is not None, BLOCK_C=CONV_BLOCK, num_warps=NUM_WARPS,
+                enable_fp_fusion=False, **self.launch.options(x.device),
+            )  # fmt: skip
+        return out
+
+
+class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
+    name = "triton-gated-delta-rule"
+
+    def apply(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        state: torch.Tensor,
+        scale: float,
+        slots: torch.Tensor | None = None,
+        qk_norm_eps: float | None = None,
+    ) -> torch.Tensor:
+        """The reference's contract (`gufo.kernels.delta_rule`), one launch for tokens of distinct
+        sequences (or a lone token): q, k [T, H, Dk], v [T, H, Dv], g, beta [T, H] -> [T, H, Dv] float32."""
+        if slots is None and q.shape[0] != 1:
+            return ReferenceGatedDeltaRule.apply(q, k, v, g, beta, state, scale, None, qk_norm_eps)
+        slot_ptr, slot_stride, one = _slot_args(state, slots, q.shape[0], 3, v)
+        n_tokens, n_heads, key_dim = q.shape
+        value_dim = v.shape[-1]
+        for what, tensor, shape in (
+            ("k", k, q.shape),
+            ("v", v, (n_tokens, n_heads, one.shape[-1])),
+            ("g", g, (n_tokens, n_heads)),
+            ("beta", beta, (n_tokens, n_heads)),
+            ("state", one, (n_heads, key_dim, value_dim)),
+        ):
+            if tuple(tensor.shape) != tuple(shape):
+                raise ValueError(f"{what}: shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+            check_device(what, tensor, q.device)
+        if one.stride(-1) != 1:
+            raise ValueError("delta rule: state rows must be contiguous")
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        g, beta = (t if t.stride(-1) == 1 else t.contiguous() for t in (g, beta))
+        out = torch.empty(n_tokens, n_heads, value_dim, dtype=torch.float32, device=q.device)
+        if n_tokens:
+            block_v = min(VALUE_BLOCK, triton.next_power_of_2(value_dim))
+            gated_delta_rule_step[(n_tokens, n_heads, triton.cdiv(value_dim, block_v))](
+                q, k, v, g, beta, state, slot_ptr, out, n_heads, key_dim, value_dim,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0),
+                beta.stride(0), slot_stride, one.stride(0), one.stride(1), scale, qk_norm_eps or 0.0,
+                NORM=qk_norm_eps is not None, SLOTS=slots is not None,
+                BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, num_warps=NUM_WARPS,
+                **self.launch.options(q.device),
+            )  # fmt: skip
+        return out
+
+
+def registrations(launch: DependentLaunch) -> tuple[Registration, ...]:
+    return (
+        Registration("cuda", CAUSAL_CONV1D, TritonCausalConv1d(launch)),
+        Registration("cuda", GATED_DELTA_RULE, TritonGatedDeltaRule(launch)),
+    )
