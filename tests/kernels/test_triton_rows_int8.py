@@ -121,13 +121,17 @@ def test_tensor_route_only_when_asked(qtype):
                 assert grid[2] == -(-rows // rows_int8.BLOCK_M)  # tiles of 16 rows, the last one masked
 
 
-def test_linear_kernel_row_limits():
-    """Products of up to 64 rows stay off the prefill route with row_products = "tensor" (decode
-    rows), 16 otherwise; int8 rows are taken up to the same limits."""
-    weight = planes.TritonWeight(Q.Q4_K, (4096, 4096), ())
-    assert (VECTOR.max_rows, TENSOR.max_rows) == (16, 64)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.IQ4_XS], ids=lambda q: q.name)
+def test_linear_kernel_row_limits(qtype):
+    """Products of up to 64 rows stay off the prefill route with row_products = "tensor" for the
+    formats it has (decode rows), 16 otherwise; int8 rows are taken up to the same limits."""
+    weight = planes.TritonWeight(qtype, (4096, 4096), ())
+    limit = 64 if qtype in FORMATS else 16
     assert VECTOR.takes_int8(weight, 16) and not VECTOR.takes_int8(weight, 17)
-    assert TENSOR.takes_int8(weight, 64) and not TENSOR.takes_int8(weight, 65)
+    assert TENSOR.takes_int8(weight, limit) and not TENSOR.takes_int8(weight, limit + 1)
+    for rows, int8 in ((16, False), (17, True), (64, True), (65, True)):
+        assert launch.skinny(weight, rows, int8, False) == (rows <= 16)
+        assert launch.skinny(weight, rows, int8, True) == (rows <= (limit if int8 else 16))
 
 
 def test_row_products_option_is_checked():

@@ -10,7 +10,7 @@ gemv_kernels / gemv_int8 runs, its tile shape, its split of K, and the launch it
     rows of the TENSOR_ROW_FORMATS on NVIDIA: rows_int8's tensor-core tiles, for every row count alike
     (AMD keeps the vector path, as above).
 Block sizes are ones that compiled without register spills for sm_90 and gfx1151. M > 16 is the
-prefill's (prefill_gemm), M > MAX_TENSOR_ROWS with `tensor_rows` (`skinny_rows`).
+prefill's (prefill_gemm), except for products on the tensor-core rows (`skinny`).
 
 Split-K, for matrices with too few row tiles to fill the GPU: the K steps are cut into `splits`
 ranges, one per program along grid axis 1, writing float32 partials [splits, M, N] that are summed
@@ -102,7 +102,7 @@ TENSOR_ROW_FORMATS = tuple(rows_int8.KERNELS)  # int8 rows on the tensor cores (
 MAX_TENSOR_ROWS = rows_int8.MAX_TENSOR_ROWS
 # (BLOCK_N, num_warps) of rows_int8 by format, one super-block (256 columns) per K step: compiled without
 # scratch for sm_90 (`gufo kernels own --target sm_90`)
-TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 4)}
+TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 8)}
 TENSOR_STEP = 256
 
 
@@ -110,12 +110,6 @@ def tensor_config(qtype: GGMLQuantizationType) -> VectorConfig:
     """Launch shape of rows_int8's kernel for a weight of a TENSOR_ROW_FORMATS format."""
     block_n, warps = TENSOR_TILES[qtype]
     return VectorConfig(block_n, TENSOR_STEP, warps)
-
-
-def skinny_rows(tensor_rows: bool) -> int:
-    """Most rows a product takes on the skinny products (`gemv`) before the prefill route: MAX_BLOCK_M,
-    MAX_TENSOR_ROWS with `tensor_rows` (decode steps of up to that many rows, batch-invariant)."""
-    return MAX_TENSOR_ROWS if tensor_rows else MAX_BLOCK_M
 
 
 def runs_on_int8(weight: TritonWeight, int8_min_weights: int) -> bool:
@@ -138,7 +132,7 @@ def takes_int8_rows(
 ) -> bool:
     """Whether a product of `rows` float32 rows runs on int8 activations, so the kernel that makes its
     input may hand it `Int8Rows` (the fused norms and activation) instead of float32 rows."""
-    return runs_on_int8(weight, int8_min_weights) and 0 < rows <= skinny_rows(tensor_rows)
+    return runs_on_int8(weight, int8_min_weights) and skinny(weight, rows, True, tensor_rows)
 
 
 def on_tensor_rows(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool) -> bool:
@@ -152,6 +146,13 @@ def on_tensor_rows(weight: TritonWeight, rows: int, int8: bool, tensor_rows: boo
         and 0 < rows <= MAX_TENSOR_ROWS
         and torch.version.hip is None
     )
+
+
+def skinny(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool) -> bool:
+    """Whether a product of `rows` rows (on int8 activations: `int8`) takes the skinny products (`gemv`)
+    rather than the prefill route: up to MAX_BLOCK_M rows, and up to MAX_TENSOR_ROWS on the tensor-core
+    rows (`on_tensor_rows`: decode steps of that many rows stay batch-invariant)."""
+    return 0 < rows <= MAX_BLOCK_M or on_tensor_rows(weight, rows, int8, tensor_rows)
 
 
 def check_operands(x: torch.Tensor | Int8Rows, weight: TritonWeight) -> None:

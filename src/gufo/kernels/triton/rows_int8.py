@@ -5,11 +5,13 @@ rows they are bound by arithmetic (docs/decisions.md, "Tensor-core decode rows")
 one 32-column block are unpacked once to int8 [32, BLOCK_N] in registers and meet a fixed tile of
 BLOCK_M = 16 activation rows (rows past M are zero) in one integer `tl.dot`: the exact int32 sums of
 the block for all 16 rows. The float part then scales and accumulates them block after block, in the
-same order and with the same instructions for every row, as gemv_int8's formulas do (Q4_K's minimums
-and Q6_K's -32 through the activation sums, Q6_K's 16-column scales as two dots with the other half of
-the activations zeroed). A row's result therefore depends on that row alone: never on the other rows,
-M, or which tile along M holds it (batch invariance by construction). The split of K depends on the
-output tiles only (launch._splits).
+same order and with the same instructions for every row: per block and row, (activation scale x
+weight scale) x sum; Q4_K's minimums through the activation sums, as in gemv_int8; Q6_K's -32 inside
+the int8 weights (q - 32 fits: no activation sums), its 16-column scales as two dots with the other
+half of the activations zeroed. A row's result therefore depends on that row alone: never on the other
+rows, M, or which tile along M holds it (batch invariance by construction). The split of K depends on
+the output tiles only (launch._splits). The float part runs on all 16 rows of a tile whatever M is, so
+it is kept to a few full-rate instructions per tile element (`_exact_float`, `_block_product`).
 
 It is not bit-identical to the vector kernels (their sums run in another order): the engine takes one
 route for all its decode products (KernelOptions.row_products), so its output never depends on how
@@ -51,6 +53,21 @@ def _x_sums(xs_ptr, m, M, K, group):
 
 
 @triton.jit
+def _exact_float(dots):
+    """int32 dots (|dots| < 2^22) as float32, exactly: added to the bits of 1.5 * 2^23 and subtracted in
+    float, two full-rate instructions instead of a quarter-rate conversion."""
+    return (dots + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+
+
+@triton.jit
+def _block_product(acc, x, xd, w, w_scale):
+    """acc + (xd * w_scale) * (x . w): x int8 [BLOCK_M, 32] with its rows' scales xd [BLOCK_M, 1], w
+    int8 [32, BLOCK_N] with its rows' scales w_scale [BLOCK_N]; |sums| < 2^22."""
+    dots = _exact_float(tl.dot(x, w, out_dtype=tl.int32))
+    return acc + (xd * w_scale[None, :]) * dots
+
+
+@triton.jit
 def rows_q8_0_int8(
     xq_ptr, xd_ptr, xs_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
@@ -64,11 +81,12 @@ def rows_q8_0_int8(
         for s in tl.static_range(STEP // 32):
             blk = step * (STEP // 32) + s
             at = tl.minimum(blk, n_blocks - 1)  # the tail's clamped block meets x = 0
-            w = tl.load(qs_ptr + row[None, :] * K + at * 32 + i)  # int8 [32, BLOCK_N]
-            d = tl.load(d_ptr + row * n_blocks + at).to(tl.float32)[None, :]
+            w = tl.load(
+                qs_ptr + row[None, :] * K + at * 32 + i
+            )  # int8 [32, BLOCK_N], |sums| <= 32 * 127 * 128
+            d = tl.load(d_ptr + row * n_blocks + at).to(tl.float32)
             x, xd = _x_block(xq_ptr, xd_ptr, m, tl.where(blk < n_blocks, M, 0), K, blk)
-            dots = tl.dot(x, w, out_dtype=tl.int32).to(tl.float32)
-            acc += d * xd * dots
+            acc = _block_product(acc, x, xd, w, d)
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
@@ -79,7 +97,7 @@ def rows_q4_k_int8(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # chunk c of a super-block: 32 qs bytes, byte l holding element 64c + l in its low nibble (sub-block
-    # 2c) and 64c + 32 + l in its high nibble (sub-block 2c + 1)
+    # 2c) and 64c + 32 + l in its high nibble (sub-block 2c + 1); value d * scale * q - dmin * min
     n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
@@ -88,23 +106,20 @@ def rows_q4_k_int8(
     for step in range(first, last):
         for s in tl.static_range(STEP // 256):
             sb = step * (STEP // 256) + s  # K is a multiple of STEP: no tail
-            d = tl.load(d_ptr + row * n_super + sb).to(tl.float32)[None, :]
-            dmin = tl.load(dmin_ptr + row * n_super + sb).to(tl.float32)[None, :]
+            d = tl.load(d_ptr + row * n_super + sb).to(tl.float32)
+            dmin = tl.load(dmin_ptr + row * n_super + sb).to(tl.float32)
             for c in tl.static_range(4):
-                g = 4 * sb + c  # chunk of the row
                 w = tl.load(qs_ptr + row[None, :] * (n_super * 128) + sb * 128 + c * 32 + i)  # uint8
-                low, high = (w & 15).to(tl.int8), (w >> 4).to(tl.int8)
-                sc_low, min_low, sc_high, min_high = _q4_k_chunk_scales(
-                    scales_ptr + row * (n_super * 3) + sb * 3, c
-                )
-                x_low, xd_low = _x_block(xq_ptr, xd_ptr, m, M, K, 2 * g)
-                x_high, xd_high = _x_block(xq_ptr, xd_ptr, m, M, K, 2 * g + 1)
-                xs_low = _x_sums(xs_ptr, m, M, K, 4 * g) + _x_sums(xs_ptr, m, M, K, 4 * g + 1)
-                xs_high = _x_sums(xs_ptr, m, M, K, 4 * g + 2) + _x_sums(xs_ptr, m, M, K, 4 * g + 3)
-                dot_low = tl.dot(x_low, low, out_dtype=tl.int32).to(tl.float32)
-                dot_high = tl.dot(x_high, high, out_dtype=tl.int32).to(tl.float32)
-                scaled = sc_low[None, :] * xd_low * dot_low + sc_high[None, :] * xd_high * dot_high
-                acc += d * scaled - dmin * (min_low[None, :] * xs_low + min_high[None, :] * xs_high)
+                scale_words = scales_ptr + row * (n_super * 3) + sb * 3
+                sc_low, min_low, sc_high, min_high = _q4_k_chunk_scales(scale_words, c)
+                for half in tl.static_range(2):  # the low nibbles (sub-block 2c), then the high ones
+                    blk = 8 * sb + 2 * c + half
+                    q = ((w >> (4 * half)) & 15).to(tl.int8)  # |sums| <= 32 * 127 * 15
+                    x, xd = _x_block(xq_ptr, xd_ptr, m, M, K, blk)
+                    sc, minimum = (sc_high, min_high) if half else (sc_low, min_low)
+                    acc = _block_product(acc, x, xd, q, d * sc)
+                    xs = _x_sums(xs_ptr, m, M, K, 2 * blk) + _x_sums(xs_ptr, m, M, K, 2 * blk + 1)
+                    acc -= (dmin * minimum)[None, :] * xs
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
@@ -116,7 +131,8 @@ def rows_q6_k_int8(
 ):  # fmt: skip
     # half a of a super-block = 128 elements; its quarter t = elements 128a + 32t + l: low 4 bits from
     # ql[64a + l] (t even) or ql[64a + 32 + l] (t odd), >> 4 (t // 2); high 2 bits qh[32a + l] >> 2t;
-    # value q - 32 with q in 0..63; scales per 16 columns, index 8a + 2t + p
+    # value d * scale * (q - 32), q in 0..63, scales per 16 columns (index 8a + 2t + p). q - 32 fits
+    # int8, so the offset stays in the exact integer sums (no activation sums, unlike gemv_int8)
     n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
@@ -126,7 +142,7 @@ def rows_q6_k_int8(
     for step in range(first, last):
         for s in tl.static_range(STEP // 256):
             sb = step * (STEP // 256) + s  # K is a multiple of STEP: no tail
-            d = tl.load(d_ptr + row * n_super + sb).to(tl.float32)[None, :]
+            d = tl.load(d_ptr + row * n_super + sb).to(tl.float32)
             for a in tl.static_range(2):
                 ql = ql_ptr + row[None, :] * (n_super * 128) + sb * 128 + 64 * a + i[:, None]
                 lo, hi = tl.load(ql), tl.load(ql + 32)  # uint8 [32, BLOCK_N]
@@ -134,21 +150,13 @@ def rows_q6_k_int8(
                 scales = scales_ptr + row * (n_super * 16) + sb * 16 + 8 * a
                 for t in tl.static_range(4):
                     bits = lo if t % 2 == 0 else hi
-                    q = (((bits >> (4 * (t // 2))) & 15) | (((qh >> (2 * t)) & 3) << 4)).to(tl.int8)
-                    blk = sb * 8 + 4 * a + t
-                    x, xd = _x_block(xq_ptr, xd_ptr, m, M, K, blk)
-                    dot_0 = tl.dot(tl.where(first_half, x, tl.zeros_like(x)), q, out_dtype=tl.int32).to(
-                        tl.float32
-                    )
-                    dot_1 = tl.dot(tl.where(first_half, tl.zeros_like(x), x), q, out_dtype=tl.int32).to(
-                        tl.float32
-                    )
-                    sc_0 = tl.load(scales + 2 * t).to(tl.float32)[None, :]
-                    sc_1 = tl.load(scales + 2 * t + 1).to(tl.float32)[None, :]
-                    xs_0 = _x_sums(xs_ptr, m, M, K, 2 * blk)
-                    xs_1 = _x_sums(xs_ptr, m, M, K, 2 * blk + 1)
-                    part = sc_0 * (xd * dot_0 - 32.0 * xs_0) + sc_1 * (xd * dot_1 - 32.0 * xs_1)
-                    acc += d * part
+                    q = ((((bits >> (4 * (t // 2))) & 15) | (((qh >> (2 * t)) & 3) << 4)) - 32).to(tl.int8)
+                    x, xd = _x_block(xq_ptr, xd_ptr, m, M, K, sb * 8 + 4 * a + t)  # |sums| <= 32 * 127 * 32
+                    zero = tl.zeros_like(x)
+                    sc_0 = tl.load(scales + 2 * t).to(tl.float32)
+                    sc_1 = tl.load(scales + 2 * t + 1).to(tl.float32)
+                    acc = _block_product(acc, tl.where(first_half, x, zero), xd, q, d * sc_0)
+                    acc = _block_product(acc, tl.where(first_half, zero, x), xd, q, d * sc_1)
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
