@@ -129,6 +129,7 @@ def test_linear_kernel_row_limits(qtype):
     limit = 64 if qtype in FORMATS else 16
     assert VECTOR.takes_int8(weight, 16) and not VECTOR.takes_int8(weight, 17)
     assert TENSOR.takes_int8(weight, limit) and not TENSOR.takes_int8(weight, limit + 1)
+    assert not TENSOR.takes_int8(weight, 0) and launch.skinny(weight, 0, True, True)  # empty input: gemv
     for rows, int8 in ((16, False), (17, True), (64, True), (65, True)):
         assert launch.skinny(weight, rows, int8, False) == (rows <= 16)
         assert launch.skinny(weight, rows, int8, True) == (rows <= (limit if int8 else 16))

@@ -132,7 +132,7 @@ def takes_int8_rows(
 ) -> bool:
     """Whether a product of `rows` float32 rows runs on int8 activations, so the kernel that makes its
     input may hand it `Int8Rows` (the fused norms and activation) instead of float32 rows."""
-    return runs_on_int8(weight, int8_min_weights) and skinny(weight, rows, True, tensor_rows)
+    return runs_on_int8(weight, int8_min_weights) and rows > 0 and skinny(weight, rows, True, tensor_rows)
 
 
 def on_tensor_rows(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool) -> bool:
@@ -152,7 +152,7 @@ def skinny(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool) -> bo
     """Whether a product of `rows` rows (on int8 activations: `int8`) takes the skinny products (`gemv`)
     rather than the prefill route: up to MAX_BLOCK_M rows, and up to MAX_TENSOR_ROWS on the tensor-core
     rows (`on_tensor_rows`: decode steps of that many rows stay batch-invariant)."""
-    return 0 < rows <= MAX_BLOCK_M or on_tensor_rows(weight, rows, int8, tensor_rows)
+    return rows <= MAX_BLOCK_M or on_tensor_rows(weight, rows, int8, tensor_rows)
 
 
 def check_operands(x: torch.Tensor | Int8Rows, weight: TritonWeight) -> None:
