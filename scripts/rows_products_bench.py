@@ -16,8 +16,9 @@ weights times the rows' int8 values): PASS/FAIL lines, exit 1 on a FAIL.
     python scripts/rows_products_bench.py --device cpu --tiny             # smoke check: the interpreter
 
 --sweep times the tensor route alone at M = 1 and 16 on the three layer shapes for each (BLOCK_N,
-num_warps) of SWEEP_TILES (all compiled without scratch for sm_90: `gufo kernels own`), to pick
-launch.TENSOR_TILES.
+num_warps) of SWEEP_TILES (all compiled without scratch for sm_90: `gufo kernels own`) and each split
+of K of SWEEP_SPLITS, to pick launch.TENSOR_TILES (and whether the route wants more K splits than
+launch._splits gives: its tiles are 8 to 16 times wider than the vector kernels').
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ TINY_CHECK_ROWS = (1, 5, 16)
 # (BLOCK_N, num_warps) of rows_int8 with no stack frame for sm_90 (Triton 3.6, all three formats)
 SWEEP_TILES = [(32, 4), (64, 4), (64, 8), (128, 4)]
 SWEEP_ROWS = [1, 16]
+SWEEP_SPLITS = [None, 4, 8, 16]  # K ranges (None: launch._splits' about two programs per multiprocessor)
 REP_MS = 10  # per timing: ~10 replays of this long (gemv_bandwidth's 50 would take 5 minutes here)
 ORACLE_REL = 1e-4  # tests/kernels/test_triton_rows_int8.py's GPU bound, relative to |x| @ |W|^T
 
@@ -80,14 +82,14 @@ class Setup:
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(self.device)
         return quantize_rows(x, self.launch)
 
-    def product(self, rows: Any, tensor: bool, weight: Any = None) -> Any:
+    def product(self, rows: Any, tensor: bool, weight: Any = None, splits: int | None = None) -> Any:
         from gufo.kernels.triton.launch import gemv
 
-        return gemv(rows, weight or self.weights[0], 0, self.launch, tensor_rows=tensor)
+        return gemv(rows, weight or self.weights[0], 0, self.launch, splits, tensor_rows=tensor)
 
-    def time(self, m: int, tensor: bool) -> dict[str, Any]:
+    def time(self, m: int, tensor: bool, splits: int | None = None) -> dict[str, Any]:
         rows = self.rows(m)
-        calls = [lambda w=w: self.product(rows, tensor, w) for w in self.weights]
+        calls = [lambda w=w: self.product(rows, tensor, w, splits) for w in self.weights]
         seconds = median_seconds(calls, self.device, REP_MS)
         n, k = self.info.shape
         nbytes = self.info.data.nbytes
@@ -137,9 +139,11 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             for tile in SWEEP_TILES:
                 with mock.patch.dict(launch.TENSOR_TILES, {setup.info.qtype: tile}):
                     for m in SWEEP_ROWS:
-                        row = setup.time(m, tensor=True) | {"block_n": tile[0], "num_warps": tile[1]}
-                        print(json.dumps(row), flush=True)
-                        results.append(row)
+                        for splits in SWEEP_SPLITS:
+                            row = setup.time(m, True, splits)
+                            row |= {"block_n": tile[0], "num_warps": tile[1], "splits": splits or "auto"}
+                            print(json.dumps(row), flush=True)
+                            results.append(row)
     return results
 
 
