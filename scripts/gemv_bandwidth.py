@@ -54,8 +54,9 @@ def copies_for(nbytes: int) -> int:
     return max(1, min(32, math.ceil(3 * L2_BYTES / nbytes)))
 
 
-def median_seconds(calls: list[Callable[[], Any]], device: str) -> float:
-    """Median time of one call: replays of a CUDA graph of all the calls on a GPU, wall time on the CPU."""
+def median_seconds(calls: list[Callable[[], Any]], device: str, rep_ms: int = 50) -> float:
+    """Median time of one call: replays of a CUDA graph of all the calls on a GPU (about rep_ms of
+    them per replay), wall time on the CPU."""
 
     def run_all() -> None:
         for call in calls:
@@ -73,7 +74,7 @@ def median_seconds(calls: list[Callable[[], Any]], device: str) -> float:
     import triton
 
     torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(run_all, rep=50, return_mode="median") * 1e-3 / len(calls)
+    return triton.testing.do_bench_cudagraph(run_all, rep=rep_ms, return_mode="median") * 1e-3 / len(calls)
 
 
 def copy_gbps(device: str, nbytes: int) -> float:
@@ -85,22 +86,30 @@ def copy_gbps(device: str, nbytes: int) -> float:
     return 2 * nbytes / median_seconds([lambda: dst.copy_(src)], device) / 1e9
 
 
-def bench(qtype_name: str, n: int, k: int, device: str, copy: float, rows: int = 1) -> dict[str, Any]:
+def random_weight(qtype_name: str, n: int, k: int) -> Any:
+    """A TensorInfo of random valid blocks (gufo.formats.random_blocks) of an [n, k] weight."""
     import numpy as np
-    import torch
     from gguf import GGMLQuantizationType
 
     from gufo.formats import block_shape
     from gufo.formats.random_blocks import random_blocks
     from gufo.gguf.model_file import TensorInfo
-    from gufo.kernels.triton.gemv import TritonLinear
-    from gufo.kernels.triton.launch import int8_activations
-    from gufo.options import KernelOptions
 
     qtype = GGMLQuantizationType[qtype_name]
     elements, _ = block_shape(qtype)
     blocks = random_blocks(qtype, n * k // elements, np.random.default_rng(0)).reshape(n, -1)
-    info = TensorInfo("w", qtype, (n, k), 0, blocks.nbytes, blocks)
+    return TensorInfo("w", qtype, (n, k), 0, blocks.nbytes, blocks)
+
+
+def bench(qtype_name: str, n: int, k: int, device: str, copy: float, rows: int = 1) -> dict[str, Any]:
+    import torch
+
+    from gufo.kernels.triton.gemv import TritonLinear
+    from gufo.kernels.triton.launch import int8_activations
+    from gufo.options import KernelOptions
+
+    info = random_weight(qtype_name, n, k)
+    blocks = info.data
     linear = TritonLinear(KernelOptions())
     copies = copies_for(blocks.nbytes) if device == "cuda" else 1  # no L2 to dodge in the interpreter
     weights = [linear.prepare(info, torch.device(device)) for _ in range(copies)]

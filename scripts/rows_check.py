@@ -7,6 +7,7 @@ the steps; prints PASS and exits 0 when every row and every state is bit for bit
 
     python scripts/rows_check.py FILE.gguf [FILE.gguf ...]
     python scripts/rows_check.py --time FILE.gguf     # ms per decode_batch step of 1, 2, 4, 8, 16 rows
+    python scripts/rows_check.py --row-products tensor [--time] FILE.gguf   # on the tensor-core rows
 
 `--time` skips the check and times `decode_batch` alone (graph replays plus the logits' copy to the host,
 no sampling or serving), to split a server step's time into the engine's and the rest.
@@ -21,15 +22,15 @@ import time
 import torch
 
 from gufo.engine.engine import Engine
-from gufo.options import RunOptions
+from gufo.options import ROW_PRODUCTS, KernelOptions, RunOptions
 
 ROWS = 18
 
 
-def check(path: str) -> bool:
+def check(path: str, options: RunOptions) -> bool:
     prompts = [[(7 * i + j) % 500 + 1 for j in range(1 + 3 * (i % 5))] for i in range(ROWS)]
     order = [(5 * i) % ROWS for i in range(ROWS)]
-    engines = [Engine(path, RunOptions(device="cuda"), context=256, n_slots=ROWS) for _ in range(2)]
+    engines = [Engine(path, options, context=256, n_slots=ROWS) for _ in range(2)]
     for engine in engines:
         for slot, prompt in enumerate(prompts):
             engine.prefill(prompt, slot=slot)
@@ -54,8 +55,8 @@ def check(path: str) -> bool:
     return equal
 
 
-def time_steps(path: str, steps: int = 50) -> None:
-    engine = Engine(path, RunOptions(device="cuda"), context=1024, n_slots=16)
+def time_steps(path: str, options: RunOptions, steps: int = 50) -> None:
+    engine = Engine(path, options, context=1024, n_slots=16)
     for slot in range(16):
         engine.prefill([slot + 1] * 200, slot=slot)
     engine.prepare_rows(16)
@@ -75,12 +76,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+")
     parser.add_argument("--time", action="store_true", help="time decode_batch steps instead of checking")
+    parser.add_argument(
+        "--row-products", choices=ROW_PRODUCTS, default="vector", help="KernelOptions.row_products"
+    )
     args = parser.parse_args()
+    options = RunOptions(device="cuda", kernels=KernelOptions(row_products=args.row_products))
     if args.time:
         for path in args.files:
-            time_steps(path)
+            time_steps(path, options)
         return 0
-    results = [check(path) for path in args.files]
+    results = [check(path, options) for path in args.files]
     print("PASS" if all(results) else "FAIL", flush=True)
     return 0 if all(results) else 1
 

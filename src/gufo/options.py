@@ -16,6 +16,8 @@ INT8_LIMIT_ENV = "GUFO_INT8_MIN_WEIGHTS"
 DEPENDENT_LAUNCH_ENV = "GUFO_DEPENDENT_LAUNCH"
 # docs/decisions.md, "int8 activations only for large matrices"
 DEFAULT_INT8_MIN_WEIGHTS = 2**21
+# how the GPU's decode products of int8 activation rows run (KernelOptions.row_products)
+ROW_PRODUCTS = ("vector", "tensor")
 DEFAULT_CONTEXT = 4096  # tokens of KV cache, capped at the model's context length
 DEFAULT_BATCH = 2048  # prompt tokens per prefill pass
 POOLINGS = ("mean", "last")  # how an embedding pools its tokens' hidden states (`Engine.embed`)
@@ -30,8 +32,15 @@ class KernelOptions:
     int8_min_weights: int = DEFAULT_INT8_MIN_WEIGHTS
     # programmatic dependent launch on sm_90+ (each kernel's prologue overlaps the previous one's tail)
     dependent_launch: bool = True
+    # the products of 1..64 int8 activation rows of Q4_K, Q6_K and Q8_0 weights: "vector" (gemv_int8, up
+    # to 16 rows) or "tensor" (rows_int8: tensor-core tiles of 16 rows, every row count of a run alike)
+    row_products: str = "vector"
 
     def __post_init__(self) -> None:
+        if self.row_products not in ROW_PRODUCTS:
+            raise BadInputError(
+                f"row products: expected one of {', '.join(ROW_PRODUCTS)}, got {self.row_products!r}"
+            )
         if isinstance(self.int8_min_weights, bool) or not isinstance(self.int8_min_weights, int):
             raise BadInputError(
                 f"int8 limit: expected a whole number of weights, got {self.int8_min_weights!r}"

@@ -117,13 +117,14 @@ def test_rows_carry_the_run_options_from_flags_and_environment(capsys, monkeypat
     (row,) = json.loads(out)
     assert row["options"] == {
         "device": "cpu", "graphs": False, "threads": None, "mmap": True, "int8_min_weights": 4096,
-        "dependent_launch": False,
+        "dependent_launch": False, "row_products": "vector",
     }  # fmt: skip
     code, out, _ = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1",
-                        "--int8-min-weights", "0", "-o", "json")  # fmt: skip
+                        "--int8-min-weights", "0", "--row-products", "tensor", "-o", "json")  # fmt: skip
     assert code == 0
     (row,) = json.loads(out)
-    assert (row["options"]["int8_min_weights"], row["options"]["dependent_launch"]) == (0, True)
+    kernels = [row["options"][key] for key in ("int8_min_weights", "dependent_launch", "row_products")]
+    assert kernels == [0, True, "tensor"]
     monkeypatch.setenv("GUFO_INT8_MIN_WEIGHTS", "lots")
     code, out, err = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1")
     assert code == 2 and out == ""

@@ -30,6 +30,7 @@ from gufo.kernels.triton import (  # noqa: E402
     gemv_kernels,
     offline,
     recurrent,
+    rows_int8,
 )
 
 ALLOWANCE = Path(gemv_kernels.__file__).with_name("allowance.json")
@@ -38,7 +39,7 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 # Once each, in their first launch configuration: the codebook formats' kernels (IQ*), the legacy
 # formats' (Q4_0, Q4_1, Q5_0) and the float weights' (F32, F16, BF16); every configuration of the K-quant
 # and Q8_0 kernels, attention and the elementwise kernels. All of them (`gufo kernels own` without the
-# flag) are 295 variants over the two targets, these 231 (docs/decisions.md, "The CI's own check").
+# flag) are 370 variants over the two targets, these 226 (docs/decisions.md, "The CI's own check").
 FIRST_ONLY = tuple(
     arg for glob in ("*_iq*", "*_q4_0*", "*_q4_1*", "*_q5_0*", "*_float*") for arg in ("--first-only", glob)
 )
@@ -94,7 +95,15 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     _, kernels = compiled
     public = {
         name
-        for module in (gemv_kernels, codebook_dequant, gemv_int8, attention, elementwise, recurrent)
+        for module in (
+            gemv_kernels,
+            codebook_dequant,
+            gemv_int8,
+            rows_int8,
+            attention,
+            elementwise,
+            recurrent,
+        )
         for name, obj in vars(module).items()
         if isinstance(obj, JITFunction) and not name.startswith("_") and obj.fn.__module__ == module.__name__
     }
@@ -110,6 +119,9 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     # rounds their prefill activations to the same int8 values; smaller weights keep the vector kernels
     # (KernelOptions.int8_min_weights, own_fixtures.SMALL_SHAPES)
     int8 = {k.__name__ for k in gemv_int8.KERNELS.values()} | {"quantize_rows_q8", "round_rows_q8"}
+    # and on int8 tensor cores with KernelOptions.row_products = "tensor" (own_fixtures compiles them
+    # whatever the options)
+    int8 |= {k.__name__ for k in rows_int8.KERNELS.values()}
     assert public == engine | dot | int8
     # no tensor-core or dp4a path on ROCm
     for target, want in (("gfx1151", public - dot - int8), ("sm_90", public)):

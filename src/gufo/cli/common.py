@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import re
+from dataclasses import replace
 
 from gufo.cli.compat import add_device_flags, add_llama_compat_flags, check_llama_compat, device, lock_memory
 from gufo.cli.progress import add_progress_flags, load_reported
@@ -18,6 +19,7 @@ from gufo.options import (
     DEFAULT_INT8_MIN_WEIGHTS,
     DEPENDENT_LAUNCH_ENV,
     INT8_LIMIT_ENV,
+    ROW_PRODUCTS,
     KernelOptions,
     RunOptions,
 )
@@ -140,6 +142,16 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         help="GPU (NVIDIA sm_90+): launch each kernel so its prologue overlaps the previous kernel's tail "
         f"(default: ${DEPENDENT_LAUNCH_ENV} as 1/0, else on)",
     )
+    parser.add_argument(
+        "--row-products",
+        choices=ROW_PRODUCTS,
+        default="vector",
+        help="GPU (NVIDIA): how decode products of int8 activation rows run for Q4_K, Q6_K and Q8_0 "
+        "weights: vector (4-way integer dot products per row, up to 16 rows a product) or tensor "
+        "(tensor-core tiles of 16 rows, up to 64 rows a product); every decode step of a run, one row or "
+        "many, takes the same route, so greedy output never depends on how many requests share a step "
+        "(default vector)",
+    )
 
 
 def warn_about_threads(counts: list[int]) -> None:
@@ -155,11 +167,11 @@ def warn_about_threads(counts: list[int]) -> None:
 
 def run_options(args: argparse.Namespace, threads: int | None = None) -> RunOptions:
     """RunOptions from the flags, the environment variables standing in for flags not given."""
-    kernels = KernelOptions.from_environment(os.environ)
+    kernels = replace(KernelOptions.from_environment(os.environ), row_products=args.row_products)
     if args.int8_min_weights is not None:
-        kernels = KernelOptions(args.int8_min_weights, kernels.dependent_launch)
+        kernels = replace(kernels, int8_min_weights=args.int8_min_weights)
     if args.dependent_launch is not None:
-        kernels = KernelOptions(kernels.int8_min_weights, args.dependent_launch == "on")
+        kernels = replace(kernels, dependent_launch=args.dependent_launch == "on")
     check_llama_compat(args)
     return RunOptions(
         device=device(args), graphs=not args.eager, threads=threads, kernels=kernels, mmap=not args.no_mmap

@@ -5,9 +5,12 @@ gemv_kernels / gemv_int8 runs, its tile shape, its split of K, and the launch it
     (gemv_int8) for the INT8_FORMATS on matrices of at least `int8_min_weights` weights;
   - float16/bfloat16 activations with DOT_MIN_ROWS..16 rows on NVIDIA: the tensor-core kernels,
     BLOCK_M = 16 (on ROCm that tile spilled registers on gfx1151, so AMD keeps the vector path until
-    it is tuned).
+    it is tuned);
+  - with `tensor_rows` (KernelOptions.row_products = "tensor"), int8 activations of 1..MAX_TENSOR_ROWS
+    rows of the TENSOR_ROW_FORMATS on NVIDIA: rows_int8's tensor-core tiles, for every row count alike
+    (AMD keeps the vector path, as above).
 Block sizes are ones that compiled without register spills for sm_90 and gfx1151. M > 16 is the
-prefill's (prefill_gemm).
+prefill's (prefill_gemm), except for products on the tensor-core rows (`skinny`).
 
 Split-K, for matrices with too few row tiles to fill the GPU: the K steps are cut into `splits`
 ranges, one per program along grid axis 1, writing float32 partials [splits, M, N] that are summed
@@ -24,7 +27,7 @@ import triton
 from gguf import GGMLQuantizationType
 
 from gufo.kernels.int8_rows import Int8Rows
-from gufo.kernels.triton import gemv_int8
+from gufo.kernels.triton import gemv_int8, rows_int8
 from gufo.kernels.triton.checks import check_device, check_dtype, check_size
 from gufo.kernels.triton.dependent_launch import DependentLaunch
 from gufo.kernels.triton.gemv_kernels import FORMATS
@@ -95,6 +98,20 @@ def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
     return VectorConfig(rows, max(FORMATS[qtype].block, min(step, triton.next_power_of_2(k))), warps)
 
 
+TENSOR_ROW_FORMATS = tuple(rows_int8.KERNELS)  # int8 rows on the tensor cores (rows_int8.py)
+MAX_TENSOR_ROWS = rows_int8.MAX_TENSOR_ROWS
+# (BLOCK_N, num_warps) of rows_int8 by format, one super-block (256 columns) per K step: compiled without
+# scratch for sm_90 (`gufo kernels own --target sm_90`)
+TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 8)}
+TENSOR_STEP = 256
+
+
+def tensor_config(qtype: GGMLQuantizationType) -> VectorConfig:
+    """Launch shape of rows_int8's kernel for a weight of a TENSOR_ROW_FORMATS format."""
+    block_n, warps = TENSOR_TILES[qtype]
+    return VectorConfig(block_n, TENSOR_STEP, warps)
+
+
 def runs_on_int8(weight: TritonWeight, int8_min_weights: int) -> bool:
     """Whether the products of this weight on float32 activations quantize them to int8 first
     (gemv_int8.py): a format with int8 kernels, whose dot4 is native (NVIDIA) or emulated by the Triton
@@ -110,10 +127,32 @@ def int8_activations(x: torch.Tensor, weight: TritonWeight, int8_min_weights: in
     return x.dtype == torch.float32 and runs_on_int8(weight, int8_min_weights)
 
 
-def takes_int8_rows(weight: TritonWeight, rows: int, int8_min_weights: int) -> bool:
+def takes_int8_rows(
+    weight: TritonWeight, rows: int, int8_min_weights: int, tensor_rows: bool = False
+) -> bool:
     """Whether a product of `rows` float32 rows runs on int8 activations, so the kernel that makes its
     input may hand it `Int8Rows` (the fused norms and activation) instead of float32 rows."""
-    return runs_on_int8(weight, int8_min_weights) and 0 < rows <= MAX_BLOCK_M
+    return runs_on_int8(weight, int8_min_weights) and rows > 0 and skinny(weight, rows, True, tensor_rows)
+
+
+def on_tensor_rows(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool) -> bool:
+    """Whether a product of `rows` rows runs on rows_int8's tensor-core tiles: with `tensor_rows`, int8
+    activations (`int8`: float32 rows that `int8_activations`, or `Int8Rows`) of a TENSOR_ROW_FORMATS
+    weight, 1..MAX_TENSOR_ROWS rows, on NVIDIA (or the CPU interpreter)."""
+    return (
+        tensor_rows
+        and int8
+        and weight.qtype in TENSOR_ROW_FORMATS
+        and 0 < rows <= MAX_TENSOR_ROWS
+        and torch.version.hip is None
+    )
+
+
+def skinny(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool) -> bool:
+    """Whether a product of `rows` rows (on int8 activations: `int8`) takes the skinny products (`gemv`)
+    rather than the prefill route: up to MAX_BLOCK_M rows, and up to MAX_TENSOR_ROWS on the tensor-core
+    rows (`on_tensor_rows`: decode steps of that many rows stay batch-invariant)."""
+    return rows <= MAX_BLOCK_M or on_tensor_rows(weight, rows, int8, tensor_rows)
 
 
 def check_operands(x: torch.Tensor | Int8Rows, weight: TritonWeight) -> None:
@@ -139,12 +178,13 @@ def gemv(
     int8_min_weights: int,
     launch: DependentLaunch,
     splits: int | None = None,
+    tensor_rows: bool = False,
 ) -> torch.Tensor:
     """x [..., K] (float32/float16/bfloat16, on the weight's device; or float32 rows already quantized
     to `Int8Rows` for a format in INT8_FORMATS) -> x @ W^T [..., N] in x's dtype.
 
     `int8_min_weights`: see `runs_on_int8`; `splits`: number of K ranges (split-K); None picks one from
-    the device's size.
+    the device's size; `tensor_rows`: int8 rows on the tensor cores (`on_tensor_rows`).
     """
     check_operands(x, weight)
     if splits is not None and splits < 1:
@@ -158,8 +198,15 @@ def gemv(
     if not quantized and x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    tensor = on_tensor_rows(
+        weight, m, quantized or int8_activations(x, weight, int8_min_weights), tensor_rows
+    )
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
-    if dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None:
+    if tensor:
+        config = tensor_config(weight.qtype)
+        kernel, block_n, step, warps = None, config.block_n, config.step, config.num_warps
+        block_m, int8 = rows_int8.BLOCK_M, True
+    elif dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None:
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
         int8 = False
     else:
@@ -174,7 +221,13 @@ def gemv(
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
     out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
-    if m and int8:
+    if m and tensor:
+        rows = x2 if quantized else gemv_int8.quantize_rows(x2, launch)
+        rows_int8.launch(
+            rows, weight.qtype, weight.planes, out, (grid_n, splits, grid_m), n_steps, per_split, block_n,
+            step, warps, launch.options(out.device),
+        )  # fmt: skip
+    elif m and int8:
         grid = (grid_n, splits, grid_m)
         gemv_int8.launch(
             x2,
