@@ -279,23 +279,6 @@ def test_field_planes_round_trip(qtype):
     assert torch.equal(planes.join_fields(qtype, weight.planes), torch.from_numpy(info.data))
 
 
-@pytest.mark.parametrize("qtype", [Q.IQ3_S, Q.IQ3_XXS, Q.IQ2_XXS], ids=lambda q: q.name)
-def test_sign_masks_negate_the_elements_gguf_signs(qtype):
-    """The int8 lattice products' sign table: (word ^ mask) + ones of each entry's two words of
-    positive bytes gives the bytes times the signs of gguf's sign byte (IQ3_S: the stored byte itself;
-    IQ3_XXS/IQ2_XXS: gguf's ksigns of the 7-bit index), element j of 8 negative where bit j is set."""
-    sign_bytes = (
-        np.arange(256) if qtype == Q.IQ3_S else np.frombuffer(gguf.quants.IQ2_XXS.ksigns, dtype=np.uint8)
-    )
-    table = planes.sign_masks(qtype, torch.device("cpu")).numpy().view(np.uint32)
-    assert table.shape == (len(sign_bytes), 4)
-    values = np.random.default_rng(0).integers(1, 128, size=(len(sign_bytes), 8), dtype=np.uint8)
-    words = values.view(np.uint32)  # [entries, 2], little-endian: element 4h + i in byte i of word h
-    signed = ((words ^ table[:, 0::2]) + table[:, 1::2]).view(np.int8).reshape(-1, 8)
-    negative = (sign_bytes[:, None] >> np.arange(8)) & 1
-    assert np.array_equal(signed, np.where(negative == 1, -values.astype(np.int16), values).astype(np.int8))
-
-
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_registered_on_cuda_backend(qtype):
     register_all("cuda", KernelOptions(int8_min_weights=4096))

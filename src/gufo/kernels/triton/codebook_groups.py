@@ -41,45 +41,30 @@ def iq3_s_parts(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib):
 
 
 @triton.jit
-def _xxs_sign_index_scale(d_ptr, sb, aux, step):
-    """IQ2_XXS/IQ3_XXS word aux [BLOCK_N, G]: its four 7-bit sign indices [BLOCK_N, G, 4] (bits 0, 7,
-    14, 21; each signs 8 elements, an index of gguf's ksigns) and the group scale
-    d * (0.5 + bits 28..31) * step."""
+def _xxs_signs_scale(d_ptr, sb, aux, ksigns_ptr, step):
+    """IQ2_XXS/IQ3_XXS word aux [BLOCK_N, G]: the sign bytes of its four 7-bit sign indices (bits 0, 7,
+    14, 21; each signs 8 elements) and the group scale d * (0.5 + bits 28..31) * step."""
     index = (aux[:, :, None] >> (7 * tl.arange(0, 4))[None, None, :]) & 127
     scale = tl.load(d_ptr + sb).to(tl.float32) * (((aux >> 28) & 15).to(tl.float32) + 0.5) * step
-    return index, scale
-
-
-@triton.jit
-def iq3_xxs_lattice(d_ptr, qs_ptr, aux_ptr, grid_ptr, sb, ib):
-    """IQ3_XXS groups as `iq3_xxs_parts` returns them, with the ksigns indices of the sign bytes."""
-    # per 256: d, qs[64] (8-bit grid index of 4 elements), then a uint32 per group (`_xxs_sign_index_scale`)
-    qs = tl.load(qs_ptr + (sb * 64 + ib * 8)[:, :, None] + tl.arange(0, 8)[None, None, :]).to(tl.int32)
-    index, scale = _xxs_sign_index_scale(d_ptr, sb, tl.load(aux_ptr + sb * 8 + ib), 0.5)
-    return tl.load(grid_ptr + qs), index, scale
+    return tl.load(ksigns_ptr + index), scale
 
 
 @triton.jit
 def iq3_xxs_parts(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib):
     """IQ3_XXS groups as `iq3_s_parts` returns them."""
-    words, index, scale = iq3_xxs_lattice(d_ptr, qs_ptr, aux_ptr, grid_ptr, sb, ib)
-    return words, tl.load(ksigns_ptr + index), scale
-
-
-@triton.jit
-def iq2_xxs_lattice(d_ptr, qs_ptr, grid_ptr, sb, ib):
-    """IQ2_XXS groups as `iq2_xxs_parts` returns them, with the ksigns indices of the sign bytes."""
-    # per 256: d, then per group two uint32: four 8-bit indices of 8-element grid points (2 words each),
-    # and the `_xxs_sign_index_scale` word
-    words, aux = tl.split(tl.load(qs_ptr + (sb * 16 + ib * 2)[:, :, None] + tl.arange(0, 2)[None, None, :]))
-    index = (words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 255
-    points = tl.load(grid_ptr + (2 * index)[:, :, :, None] + tl.arange(0, 2)[None, None, None, :])
-    sign_index, scale = _xxs_sign_index_scale(d_ptr, sb, aux, 0.25)
-    return tl.reshape(points, (points.shape[0], points.shape[1], 8)), sign_index, scale
+    # per 256: d, qs[64] (8-bit grid index of 4 elements), then a uint32 per group (`_xxs_signs_scale`)
+    qs = tl.load(qs_ptr + (sb * 64 + ib * 8)[:, :, None] + tl.arange(0, 8)[None, None, :]).to(tl.int32)
+    signs, scale = _xxs_signs_scale(d_ptr, sb, tl.load(aux_ptr + sb * 8 + ib), ksigns_ptr, 0.5)
+    return tl.load(grid_ptr + qs), signs, scale
 
 
 @triton.jit
 def iq2_xxs_parts(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib):
     """IQ2_XXS groups as `iq3_s_parts` returns them."""
-    words, index, scale = iq2_xxs_lattice(d_ptr, qs_ptr, grid_ptr, sb, ib)
-    return words, tl.load(ksigns_ptr + index), scale
+    # per 256: d, then per group two uint32: four 8-bit indices of 8-element grid points (2 words each),
+    # and the `_xxs_signs_scale` word
+    words, aux = tl.split(tl.load(qs_ptr + (sb * 16 + ib * 2)[:, :, None] + tl.arange(0, 2)[None, None, :]))
+    index = (words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 255
+    points = tl.load(grid_ptr + (2 * index)[:, :, :, None] + tl.arange(0, 2)[None, None, None, :])
+    signs, scale = _xxs_signs_scale(d_ptr, sb, aux, ksigns_ptr, 0.25)
+    return tl.reshape(points, (points.shape[0], points.shape[1], 8)), signs, scale

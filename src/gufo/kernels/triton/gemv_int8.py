@@ -27,9 +27,9 @@ from gguf import GGMLQuantizationType
 
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
 from gufo.kernels.triton.codebook_groups import (
-    iq2_xxs_lattice,
+    iq2_xxs_parts,
     iq3_s_parts,
-    iq3_xxs_lattice,
+    iq3_xxs_parts,
     iq4_xs_scale,
     super_block,
 )
@@ -41,7 +41,6 @@ from gufo.kernels.triton.jit_helpers import (
     store_partials,
     vector_program,
 )
-from gufo.kernels.triton.planes import sign_masks
 
 Q = GGMLQuantizationType
 
@@ -267,14 +266,6 @@ def gemv_q6_k_int8(
 
 
 @triton.jit
-def _super_block(row, g, K):
-    """`super_block` of groups g, clamped to the last group (the tail's meet x = 0), through unsigned
-    division (g >= 0: shifts, not signed division's fix-ups); ib as int32."""
-    sb, ib = super_block(row, tl.minimum(g, K // 32 - 1).to(tl.uint32), K // 32)
-    return sb, ib.to(tl.int32)
-
-
-@triton.jit
 def _prmt(a, b, selector, NATIVE: tl.constexpr):
     """Byte i of the result = byte (nibble i of selector) of the 8-byte pair b:a (0..3 from a, 4..7 from
     b); every selector nibble under 8 (PTX prmt.b32 would replicate sign bits otherwise)."""
@@ -376,7 +367,7 @@ def gemv_iq4_xs_int8(
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
-        sb, ib = _super_block(row, g, K)
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
         q4 = tl.load(qs_ptr + (sb * 32 + ib * 4)[:, :, None] + tl.arange(0, 4)[None, None, :])
         scale = iq4_xs_scale(d_ptr, scales_h_ptr, scales_l_ptr, sb, ib)
         acc = _level_products(acc, q4, scale, levels_ptr, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
@@ -386,21 +377,24 @@ def gemv_iq4_xs_int8(
 # --------------------------------------------------------------------------------------------------
 # IQ3_S / IQ3_XXS / IQ2_XXS: the lattice points are read from their grid as int32 words of 4 int8
 # values (all 1..62, gemv_kernels.iq3_s_parts), and signed in the word: a negated byte v becomes
-# (v ^ 0xFF) + 1, which never carries into the next byte since v > 0. The masks and ones of each sign
-# byte's two words come from one 16-byte table entry (planes.sign_masks, in L1), not from its bits.
+# (v ^ 0xFF) + 1, which never carries into the next byte since v > 0.
 
 
 @triton.jit
-def _lattice_products(acc, words, sign_index, masks_ptr, scale, xq_ptr, xd_ptr, g, M, K,
-                      BLOCK_M: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
-    """acc[r] += scale * xd * (signed lattice values . xq) per group g of 32: words [BLOCK_N, G, 8] of
-    lattice values, sign_index [BLOCK_N, G, 4] the masks_ptr entries of the 4 sign bytes (byte l signs
-    words 2l and 2l + 1)."""
-    entries = tl.load(
-        masks_ptr + sign_index.to(tl.int32)[:, :, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
-    )
-    mask, ones = tl.split(tl.reshape(entries, (words.shape[0], words.shape[1], 4, 2, 2)))  # (h, mask|ones)
-    w = (words ^ tl.reshape(mask, words.shape)) + tl.reshape(ones, words.shape)
+def _signed_words(words, signs):
+    """words [BLOCK_N, G, 8] of lattice values with the signs of sign bytes [BLOCK_N, G, 4] (bit j of
+    byte l: element 8l + j, so word 2l + h takes bits 4h..4h + 3 of byte l, one per byte)."""
+    h = tl.arange(0, 2)[None, None, None, :]
+    bits = tl.reshape((signs[:, :, :, None].to(tl.int32) >> (4 * h)) & 15, words.shape)
+    ones = (bits * 0x00204081) & 0x01010101  # bit i of the 4 to the low bit of byte i
+    return (words ^ (ones * 255)) + ones
+
+
+@triton.jit
+def _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M: tl.constexpr,
+                      NATIVE: tl.constexpr):  # fmt: skip
+    """acc[r] += scale * xd * (signed lattice values . xq) per group g of 32 (`_signed_words`)."""
+    w = _signed_words(words, signs)
     j = tl.arange(0, 8)[None, :]
     for r in tl.static_range(BLOCK_M):
         mr = tl.program_id(2) * BLOCK_M + r
@@ -414,8 +408,8 @@ def _lattice_products(acc, words, sign_index, masks_ptr, scale, xq_ptr, xd_ptr, 
 
 @triton.jit
 def gemv_iq3_s_int8(
-    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, masks_ptr, out_ptr, M,
-    N, K, n_steps, steps_per_split,
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K,
+    n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
@@ -430,17 +424,15 @@ def gemv_iq3_s_int8(
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
-        sb, ib = _super_block(row, g, K)
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
         words, signs, scale = iq3_s_parts(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib)
-        acc = _lattice_products(
-            acc, words, signs, masks_ptr, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE
-        )  # fmt: skip
+        acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
 def gemv_iq3_xxs_int8(
-    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, masks_ptr, out_ptr, M, N, K,
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K,
     n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
@@ -454,17 +446,15 @@ def gemv_iq3_xxs_int8(
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
-        sb, ib = _super_block(row, g, K)
-        words, sign_index, scale = iq3_xxs_lattice(d_ptr, qs_ptr, aux_ptr, grid_ptr, sb, ib)
-        acc = _lattice_products(
-            acc, words, sign_index, masks_ptr, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE
-        )  # fmt: skip
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
+        words, signs, scale = iq3_xxs_parts(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib)
+        acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 @triton.jit
 def gemv_iq2_xxs_int8(
-    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, grid_ptr, masks_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
+    xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
@@ -476,11 +466,9 @@ def gemv_iq2_xxs_int8(
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
-        sb, ib = _super_block(row, g, K)
-        words, sign_index, scale = iq2_xxs_lattice(d_ptr, qs_ptr, grid_ptr, sb, ib)
-        acc = _lattice_products(
-            acc, words, sign_index, masks_ptr, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE
-        )  # fmt: skip
+        sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
+        words, signs, scale = iq2_xxs_parts(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib)
+        acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
@@ -502,8 +490,6 @@ WORD_PLANES = {
     Q.IQ4_NL: (0,),
     Q.IQ4_XS: (3,),
 }  # planes.py planes of bytes, read as int32
-# the lattice formats' planes and grid (their ksigns dropped), then planes.sign_masks
-SIGN_MASKS = {Q.IQ3_S: 6, Q.IQ3_XXS: 4, Q.IQ2_XXS: 3}
 
 
 def native() -> bool:
@@ -560,8 +546,6 @@ def launch(
     m, k = x.shape
     xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_rows(x, launch)
     words = tuple(p.view(torch.int32) if i in WORD_PLANES.get(qtype, ()) else p for i, p in enumerate(planes))
-    if qtype in SIGN_MASKS:  # the lattice kernels' sign table: after the grid, in place of ksigns
-        words = words[: SIGN_MASKS[qtype]] + (sign_masks(qtype, out.device),)
     weight_bytes = sum(p.numel() * p.element_size() for p in planes)
     capped = qtype in CAPPED_FORMATS and (block_m, block_n, step) == CAPPED_TILE
     KERNELS[qtype][grid](

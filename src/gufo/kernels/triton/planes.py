@@ -10,13 +10,11 @@ contiguous, aligned run that loads in wide vectors, which the 18/20/22/34-byte s
 The codebook formats (IQ*) also take their value tables, as small device tensors after the planes
 (`tables`, from gufo.formats.codebooks, never retyped): the IQ4 levels as float32, each lattice point
 of the IQ2/IQ3 grids as its little-endian int32 word(s) of 4 byte-sized values, and the sign patterns
-as gguf's `ksigns` bytes (bit j: the sign of element j of 8). The int8 lattice products take the
-signs as byte masks instead (`sign_masks`, made from the same bytes).
+as gguf's `ksigns` bytes (bit j: the sign of element j of 8).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -71,25 +69,6 @@ def _ksigns(device: torch.device) -> torch.Tensor:
     """uint8 [128]: codebooks.signs' eight +-1 of each sign index as bits (set = negative)."""
     negative = (codebooks.signs() < 0).to(torch.int32)
     return (negative << torch.arange(8, dtype=torch.int32)).sum(-1).to(torch.uint8).to(device)
-
-
-def _sign_masks(sign_bytes: torch.Tensor) -> torch.Tensor:
-    """int32 [entries, 4] of sign bytes uint8 [entries] (bit j: element j of 8 negative): per byte the
-    words (mask 0, ones 0, mask 1, ones 1) of its elements 4h..4h + 3, byte i of ones h 1 and of mask h
-    0xFF where element 4h + i is negative, so that (word ^ mask) + ones negates those bytes."""
-    bits = (sign_bytes.to(torch.int64)[:, None] >> torch.arange(8)) & 1
-    ones = (bits.reshape(-1, 2, 4) << (8 * torch.arange(4))).sum(-1)  # [entries, h]
-    words = torch.stack((ones * 255, ones), dim=-1).reshape(-1, 4)  # (mask 0, ones 0, mask 1, ones 1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-
-
-@functools.cache
-def sign_masks(qtype: GGMLQuantizationType, device: torch.device) -> torch.Tensor:
-    """The int8 lattice products' sign table (`_sign_masks`): IQ3_S's indexed by the sign byte itself
-    (256 entries), IQ3_XXS's and IQ2_XXS's by the 7-bit ksigns index (128), one per device."""
-    if qtype == Q.IQ3_S:
-        return _sign_masks(torch.arange(256)).to(device)
-    return _sign_masks(_ksigns(torch.device("cpu"))).to(device)
 
 
 def _grid_words(qtype: GGMLQuantizationType, device: torch.device) -> torch.Tensor:
