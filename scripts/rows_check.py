@@ -6,8 +6,9 @@ engine: prints the largest difference per step and exits 1 unless every row is b
     python scripts/rows_check.py FILE.gguf [FILE.gguf ...]
     python scripts/rows_check.py --time FILE.gguf     # ms per decode_batch step of 1, 2, 4, 8, 16 rows
 
-`--time` skips the check and times `decode_batch` alone (graph replays plus the logits' copy to the host,
-no sampling or serving), to split a server step's time into the engine's and the rest.
+`--time` skips the check and times `decode_batch` alone (graph replays, the logits left on the device as
+for the server's greedy rows; no sampling or serving), to split a server step's time into the engine's and
+the rest.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def check(path: str) -> bool:
     for step in range(2):
         tokens = [40 + step + s for s in slots]
         want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, positions, slots, strict=True)])
-        got = batched.decode_batch(tokens, positions, slots)
+        got = batched.decode_batch(tokens, positions, slots).cpu()
         same = [bool(torch.equal(g, w)) for g, w in zip(got, want, strict=True)]
         diff = float((got - want).abs().max())
         print(f"{path} step {step}: rows equal {sum(same)}/{ROWS} max_abs_diff {diff:.3e}", flush=True)

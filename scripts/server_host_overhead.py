@@ -12,7 +12,8 @@ The stand-in engine is a measuring device of this script only: its numbers are t
 step (what the worker thread and the event loop spend per step), never the engine's. A step is the
 time between two `decode_batch` calls while all C requests decode; the worker's and the event loop's
 CPU time per step come from their thread clocks. On the CPU, `--device cpu`, the device's own work
-on the logits (the greedy argmax) runs on the host too: `selection_ms` says how much of a step it is.
+on the logits (the greedy argmax) runs on the host too: `selection_cpu_ms_p50` says how much of the
+worker's time per step it is (where the scheduler has `greedy_split`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import hashlib
 import io
 import json
 import multiprocessing
@@ -34,6 +36,7 @@ from types import SimpleNamespace
 import torch
 
 from gufo.gguf.model_file import open_model_file
+from gufo.server import scheduler as scheduler_module
 from gufo.server.run import listen, make_server
 from gufo.server.settings import ServerSettings
 from gufo.tokenizer import Tokenizer
@@ -69,6 +72,7 @@ class StandInEngine:
         self.banks = banks.to(device)
         self.prefill_row = banks[0, 0].clone()
         self.steps: list[tuple[float, int, float, float]] = []  # (wall, rows, worker cpu, loop cpu) per call
+        self.selections: list[float] = []  # worker CPU seconds of each greedy_split
         self.loop_clock: int | None = None
         self._step = 0
 
@@ -80,6 +84,17 @@ class StandInEngine:
 
     def prefill(self, tokens, slot: int = 0, start: int = 0, all_logits: bool = False) -> torch.Tensor:
         return self.prefill_row
+
+    def timed(self, split):
+        def greedy_split(logits, plain):
+            started = time.thread_time()
+            try:
+                return split(logits, plain)
+            finally:
+                if len(plain) == self.cache.n_slots:
+                    self.selections.append(time.thread_time() - started)
+
+        return greedy_split
 
     def decode_batch(self, tokens, positions, slots) -> torch.Tensor:
         loop_cpu = time.clock_gettime(self.loop_clock) if self.loop_clock is not None else 0.0
@@ -115,6 +130,9 @@ def client(base_url: str, concurrency: int, rounds: int, max_tokens: int, prompt
 
 def serve_and_drive(args: argparse.Namespace, tokenizer: Tokenizer, concurrency: int) -> dict:
     engine = StandInEngine(tokenizer, concurrency, args.device)
+    split = getattr(scheduler_module, "greedy_split", None)  # absent before the device-side greedy
+    if split is not None:
+        scheduler_module.greedy_split = engine.timed(split)
     settings = ServerSettings("stand-in", max_tokens=args.max_tokens, max_pending=concurrency)
     sock = listen("127.0.0.1", 0)
     server = make_server(settings, lambda: engine, log_level="warning")
@@ -150,6 +168,7 @@ def serve_and_drive(args: argparse.Namespace, tokenizer: Tokenizer, concurrency:
     for rounds, measured in ((1, False), (args.rounds, True)):
         if measured:
             engine.steps.clear()
+            engine.selections.clear()
             in_thread(profile.enable)
         proc = ctx.Process(target=client, args=(base_url, concurrency, rounds, args.max_tokens, prompt, out))
         proc.start()
@@ -158,6 +177,8 @@ def serve_and_drive(args: argparse.Namespace, tokenizer: Tokenizer, concurrency:
     in_thread(profile.disable)
     server.should_exit = True
     thread.join(60)
+    if split is not None:
+        scheduler_module.greedy_split = split
     texts = {text for wave in waves for text in wave}
     full = [s for s in engine.steps if s[1] == concurrency]
     pairs = list(zip(full, full[1:], strict=False))
@@ -170,7 +191,9 @@ def serve_and_drive(args: argparse.Namespace, tokenizer: Tokenizer, concurrency:
         "step_ms_mean": statistics.fmean(b[0] - a[0] for a, b in pairs) * 1e3,
         "worker_cpu_ms_p50": statistics.median(b[2] - a[2] for a, b in pairs) * 1e3,
         "loop_cpu_ms_p50": statistics.median(b[3] - a[3] for a, b in pairs) * 1e3,
+        "selection_cpu_ms_p50": statistics.median(engine.selections) * 1e3 if engine.selections else None,
         "distinct_texts": len(texts),
+        "texts_sha256": hashlib.sha256(json.dumps(sorted(texts)).encode()).hexdigest()[:16],
         "chars_per_text": statistics.fmean(len(t) for t in texts),
     }
     if args.profile is not None:
@@ -190,12 +213,13 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("-r", "--rounds", type=int, default=2, help="measured waves of C requests")
     parser.add_argument("--device", default="cpu", help="where the stand-in's logits live (cpu, cuda)")
+    parser.add_argument("--vocab", default=str(VOCAB_FILE), help="a GGUF with Qwen's tokenizer")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--profile", choices=("worker", "loop"), help="cProfile one thread (slows it)")
     parser.add_argument("--top", type=int, default=25, help="functions listed per profile")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    tokenizer = Tokenizer.from_gguf(open_model_file(VOCAB_FILE).metadata)
+    tokenizer = Tokenizer.from_gguf(open_model_file(args.vocab).metadata)
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         result = serve_and_drive(args, tokenizer, concurrency)
         profile = result.pop("profile", None)
