@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import hashlib
 import io
 import json
 import multiprocessing
@@ -193,7 +192,6 @@ def serve_and_drive(args: argparse.Namespace, tokenizer: Tokenizer, concurrency:
         "loop_cpu_ms_p50": statistics.median(b[3] - a[3] for a, b in pairs) * 1e3,
         "selection_cpu_ms_p50": statistics.median(engine.selections) * 1e3 if engine.selections else None,
         "distinct_texts": len(texts),
-        "texts_sha256": hashlib.sha256(json.dumps(sorted(texts)).encode()).hexdigest()[:16],
         "chars_per_text": statistics.fmean(len(t) for t in texts),
     }
     if args.profile is not None:
