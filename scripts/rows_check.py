@@ -9,8 +9,9 @@ the steps; prints PASS and exits 0 when every row and every state is bit for bit
     python scripts/rows_check.py --time FILE.gguf     # ms per decode_batch step of 1, 2, 4, 8, 16 rows
     python scripts/rows_check.py --row-products tensor [--time] FILE.gguf   # on the tensor-core rows
 
-`--time` skips the check and times `decode_batch` alone (graph replays plus the logits' copy to the host,
-no sampling or serving), to split a server step's time into the engine's and the rest.
+`--time` skips the check and times `decode_batch` alone (graph replays, the logits left on the device as
+for the server's greedy rows; no sampling or serving), to split a server step's time into the engine's and
+the rest.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def check(path: str, options: RunOptions) -> bool:
         tokens = [40 + step + s for s in slots]
         at = [positions[s] for s in slots]
         want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, at, slots, strict=True)])
-        got = batched.decode_batch(tokens, at, slots)
+        got = batched.decode_batch(tokens, at, slots).cpu()
         same = [bool(torch.equal(g, w)) for g, w in zip(got, want, strict=True)]
         diff = float((got - want).abs().max())
         print(f"{path} step {step}: rows equal {sum(same)}/{len(slots)} max_abs_diff {diff:.3e}", flush=True)

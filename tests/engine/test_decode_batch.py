@@ -29,7 +29,7 @@ def test_batched_rows_equal_their_own_decode_steps(model, monkeypatch):
     want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, positions, slots, strict=True)])
     batched = prefilled(model)
     assert batched.model.decode_route.multi_slot
-    monkeypatch.setattr(Engine, "decode", lambda *a, **k: pytest.fail("decode_batch fell back to rows"))
+    monkeypatch.setattr(Engine, "decode_step", lambda *a, **k: pytest.fail("decode_batch fell back to rows"))
     got = batched.decode_batch(tokens, positions, slots)
     assert torch.equal(got, want)
     # the next step reads the KV entries the batched step wrote: still equal
@@ -58,7 +58,9 @@ def test_gpu_rows_equal_their_own_decode_steps(model, monkeypatch):
         rows = zip(tokens, positions, slots, strict=True)
         want = torch.stack([alone.decode(t, p, s) for t, p, s in rows])
         with monkeypatch.context() as patched:
-            patched.setattr(Engine, "decode", lambda *a, **k: pytest.fail("decode_batch fell back to rows"))
-            got = batched.decode_batch(tokens, positions, slots)
+            patched.setattr(
+                Engine, "decode_step", lambda *a, **k: pytest.fail("decode_batch fell back to rows")
+            )
+            got = batched.decode_batch(tokens, positions, slots).cpu()
         assert torch.equal(got, want), step
         positions = [p + 1 for p in positions]

@@ -380,32 +380,34 @@ class Engine:
     def decode_batch(
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]
     ) -> torch.Tensor:
-        """One decode step for several sequences (token i at positions[i] in slots[i]): logits [B, vocab].
+        """One decode step for several sequences (token i at positions[i] in slots[i]): logits [B, vocab],
+        a fresh tensor left on the engine's device, so that a server copies to the host only the rows
+        it samples there (`gufo.engine.sampling.greedy_split`).
 
         Each row's logits equal what `decode` gives it alone (greedy output does not depend on the
         batch): one pass reading each weight once for all rows when the decode kernel takes rows of
         different slots (the fused CPU layer), graph replays of up to `max_tokens` rows each on a GPU
         whose decode route is batch-invariant (each row over its own slot's KV and recurrent state), one
         decode step per row otherwise."""
-        if len(tokens) > 1 and self._graph_rows:
-            self.check_fits(max(positions) + 1)
-            limit = self.graph_decoder.max_tokens
-            with profiling.phase_range(self.options.profile, profiling.DECODE_RANGE):
-                parts = [
-                    self.graph_decoder.decode_rows(
-                        tokens[i : i + limit], positions[i : i + limit], slots[i : i + limit]
-                    ).cpu()
-                    for i in range(0, len(tokens), limit)
-                ]
-            return torch.cat(parts)
-        batched = self.model.decode_route.multi_slot and len(tokens) > 1  # the route chunks long batches
-        if not batched or not self.batched_rows:
-            rows = zip(tokens, positions, slots, strict=True)
-            return torch.stack([self.decode(token, position, slot) for token, position, slot in rows])
         self.check_fits(max(positions) + 1)
-        ids = torch.tensor(list(tokens), dtype=torch.long)
-        where = RowPositions(tuple(slots), tuple(positions))
-        return self.model.forward(ids, self.cache, slots[0], where, all_logits=True, per_token=True).cpu()
+        batched = self.model.decode_route.multi_slot and len(tokens) > 1  # the route chunks long batches
+        with profiling.phase_range(self.options.profile, profiling.DECODE_RANGE):
+            if len(tokens) > 1 and self._graph_rows:
+                limit = self.graph_decoder.max_tokens
+                out = None
+                for i in range(0, len(tokens), limit):  # copied out: the next replay reuses the buffer
+                    rows = self.graph_decoder.decode_rows(
+                        tokens[i : i + limit], positions[i : i + limit], slots[i : i + limit]
+                    )
+                    out = rows.new_empty(len(tokens), rows.shape[-1]) if out is None else out
+                    out[i : i + len(rows)] = rows
+                return out
+            if not batched or not self.batched_rows:  # graphs reuse their buffer: each row is cloned
+                steps = zip(tokens, positions, slots, strict=True)
+                return torch.stack([self.decode_step(t, p, s).clone() for t, p, s in steps])
+            ids = torch.tensor(list(tokens), dtype=torch.long)
+            where = RowPositions(tuple(slots), tuple(positions))
+            return self.model.forward(ids, self.cache, slots[0], where, all_logits=True, per_token=True)
 
     @property
     def _graph_rows(self) -> bool:

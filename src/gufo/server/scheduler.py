@@ -3,7 +3,9 @@
 The engine is not thread-safe, so one worker thread owns it. Each step it drops cancelled jobs,
 admits waiting ones into free slots, runs one prefill chunk (so a long prompt does not stall the
 running streams) and then one batched decode step for every job that has a token to feed. Tokens go
-back to the request handlers through their asyncio queues.
+back to the request handlers through their asyncio queues, each loop's events of a step in one wake-up.
+The decode step's logits stay on the engine's device: plainly greedy rows take their token there, only
+the rows a Sampler or logprobs need come to the host (`greedy_split`).
 
 With speculation each decoding job instead runs its slot's Speculator: a draft after its context and
 one verification pass of the pending token and the draft, whose tokens are posted one by one until
@@ -33,7 +35,7 @@ import torch
 
 from gufo.engine.constraint import TokenConstraint
 from gufo.engine.engine import Engine
-from gufo.engine.sampling import Sampler, SamplingParams
+from gufo.engine.sampling import Sampler, SamplingParams, greedy_split
 from gufo.engine.speculative import SpeculativeStats, Speculator, common_prefix
 from gufo.server.metrics import Metrics
 from gufo.server.settings import DEFAULT_PREFILL_CHUNK
@@ -96,8 +98,27 @@ class Job:
     def prompt_seconds(self) -> float:
         return self.first_token_at - self.admitted_at
 
-    def post(self, event: TokenEvent | FinishEvent) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+class Outbox:
+    """Events for the handlers' queues, sent by `flush`: one `call_soon_threadsafe` per event loop per
+    step, not one per token (each writes the loop's wake-up pipe and, on a busy server, hands the GIL
+    to the loop's thread; docs/decisions.md, "Server: the host side of a decode step")."""
+
+    def __init__(self) -> None:
+        self._events: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
+
+    def add(self, job: Job, event: TokenEvent | FinishEvent) -> None:
+        self._events.setdefault(job.loop, []).append((job.events, event))
+
+    def flush(self) -> None:
+        events, self._events = self._events, {}
+        for loop, items in events.items():
+            loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
 
 
 class Scheduler:
@@ -125,6 +146,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stopping = False
         self._aborting: FinishEvent | None = None  # set by `abort`: the event every job gets
+        self._outbox = Outbox()  # the events of this step (worker thread only)
         self.failure: str | None = None  # why the worker stopped, once it has
         self._thread = threading.Thread(target=self._run, name="gufo-scheduler", daemon=True)
 
@@ -196,9 +218,11 @@ class Scheduler:
             with self._cond:
                 self.failure = f"{type(err).__name__}: {err}"
                 self._fail_all(FinishEvent("error", f"the generation worker stopped: {self.failure}"))
+            self._outbox.flush()
 
     def _loop(self) -> None:
         while True:
+            self._outbox.flush()  # what the last iteration (a step, an abort, a failed admission) sent
             with self._cond:
                 while not self._stopping and not self.active and not self.waiting and not self._calls:
                     self._cond.wait()
@@ -225,7 +249,7 @@ class Scheduler:
                 future.set_exception(WorkerDeadError(event.error or "the generation worker stopped"))
         self._calls.clear()
         for job in self.waiting:
-            job.post(event)
+            self._outbox.add(job, event)
             self.metrics.finish(event.reason)
         self.waiting.clear()
         for job in list(self.active.values()):
@@ -281,9 +305,11 @@ class Scheduler:
         prefilling = next((j for j in jobs if not j.generated), None)
         if prefilling is not None:
             self._for_one(prefilling, self._prefill_chunk)
+            self._outbox.flush()  # a first token does not wait for the decode step
         if self.speculators is not None:
             for job in decoding:
                 self._for_one(job, self._speculate)
+                self._outbox.flush()  # nor a job's tokens for the next job's verification pass
         elif decoding:
             try:
                 logits = self.engine.decode_batch(
@@ -291,14 +317,19 @@ class Scheduler:
                     [len(j.prompt_ids) + len(j.generated) - 1 for j in decoding],
                     [j.slot for j in decoding],
                 )
+                plain = [j.top_logprobs is None and j.sampler.plain_greedy for j in decoding]
+                tokens, rows = greedy_split(logits, plain)
             except Exception as err:  # nothing tells which row failed: the batch's jobs fail
                 log.exception("a batched decode step failed")
                 for job in decoding:
                     self._fail_if_active(job, err)
                 return
-            for job, row in zip(decoding, logits, strict=True):
+            for job, token, row in zip(decoding, tokens, rows, strict=True):
                 self.slot_tokens[job.slot].append(job.generated[-1])
-                self._for_one(job, self._sample, row)
+                if token is None:
+                    self._for_one(job, self._sample, row)
+                else:  # plainly greedy: the Sampler would pick the same id and change no state
+                    self._for_one(job, self._post, token, None)
 
     def _for_one(self, job: Job, work: Callable[..., None], *args: object) -> None:
         """`work(job, *args)`; an exception fails this job only."""
@@ -350,8 +381,9 @@ class Scheduler:
     def _sample(self, job: Job, logits: torch.Tensor) -> None:
         self._post(job, job.sampler(logits, job.prompt_ids + job.generated), logits)
 
-    def _post(self, job: Job, token: int, logits: torch.Tensor) -> bool:
-        """Send a token (sampled from `logits`) to the job's handler; True when the job ends with it."""
+    def _post(self, job: Job, token: int, logits: torch.Tensor | None) -> bool:
+        """Send a token (sampled from `logits`, needed when logprobs are) to the job's handler; True when
+        the job ends with it."""
         now = time.perf_counter()
         event = TokenEvent(token, now)
         if job.top_logprobs is not None:
@@ -367,7 +399,7 @@ class Scheduler:
             self.metrics.token(now - job.submitted_at, None)
         job.generated.append(token)
         job.last_token_at = now
-        job.post(event)
+        self._outbox.add(job, event)
         if token in self.eog_ids or token in job.stop_ids:
             self._finish(job, FinishEvent("stop"))
         elif len(job.generated) >= job.max_tokens:
@@ -378,7 +410,7 @@ class Scheduler:
 
     def _finish(self, job: Job, event: FinishEvent) -> None:
         self._release(job)
-        job.post(event)
+        self._outbox.add(job, event)
         self.metrics.finish(event.reason)
 
     def _release(self, job: Job) -> None:

@@ -1,0 +1,112 @@
+"""A batched decode step's rows: plainly greedy ones get their token where the logits are, and a row among
+them that asks for logprobs, follows a grammar or samples still gets its whole logit row (a stand-in
+engine hands out known logits; the oracles are plain float64 arithmetic on them)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from types import SimpleNamespace
+
+import torch
+
+from gufo.engine.sampling import SamplingParams
+from gufo.server.metrics import Metrics
+from gufo.server.scheduler import FinishEvent, Job, Scheduler
+
+VOCAB, TOKENS = 50, 4
+
+
+def row_for(slot: int, position: int) -> torch.Tensor:
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(1000 * slot + position))
+    logits[(slot + position) % VOCAB] = logits[(slot + 7 * position) % VOCAB] = 5.0  # a tie
+    return logits
+
+
+class Logits:
+    """The Engine's side the scheduler uses, with logits chosen by slot and position."""
+
+    invariant_prefill = rewindable = True
+
+    def __init__(self, n_slots: int):
+        self.cache = SimpleNamespace(n_slots=n_slots)
+        self.tokenizer = SimpleNamespace(eog_ids=frozenset())
+
+    def prefill(self, tokens, slot: int, start: int = 0) -> torch.Tensor:
+        return row_for(slot, start + len(tokens) - 1)
+
+    def decode_batch(self, tokens, positions, slots) -> torch.Tensor:
+        return torch.stack([row_for(s, p) for p, s in zip(positions, slots, strict=True)])
+
+
+class Recording:
+    """A grammar that allows every token and keeps the rows it masked."""
+
+    def __init__(self):
+        self.rows: list[torch.Tensor] = []
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        self.rows.append(logits.clone())
+        return logits
+
+    def accept(self, token: int) -> None:
+        pass
+
+
+def first_max(row: torch.Tensor) -> int:
+    values = row.tolist()
+    return values.index(max(values))
+
+
+def test_rows_that_need_logits_get_them_whole_among_greedy_rows():
+    greedy = SamplingParams(temperature=0.0)
+    grammar = Recording()
+    scheduler = Scheduler(Logits(4), Metrics(), max_pending=4)
+    scheduler.start()
+
+    async def run() -> list[list]:
+        loop = asyncio.get_running_loop()
+        prompt = [1, 2, 3]
+        jobs = [
+            Job(prompt, TOKENS, greedy, loop),
+            Job(prompt, TOKENS, greedy, loop, top_logprobs=3),
+            Job(prompt, TOKENS, greedy, loop, constraint=grammar),
+            Job(prompt, TOKENS, SamplingParams(temperature=1.0, seed=5), loop, top_logprobs=0),
+        ]
+        for job in jobs:
+            scheduler.submit(job)
+        events = []
+        for job in jobs:
+            got = []
+            while not isinstance(event := await job.events.get(), FinishEvent):
+                got.append(event)
+            assert event.reason == "length"
+            events.append(got)
+        return jobs, events
+
+    try:
+        jobs, events = asyncio.run(run())
+    finally:
+        scheduler.stop()
+    for job, got in zip(jobs, events, strict=True):
+        rows = [row_for(job.slot, len(job.prompt_ids) - 1 + i) for i in range(TOKENS)]
+        tokens = [e.token for e in got]
+        if job.params.greedy:
+            assert tokens == [first_max(r) for r in rows]
+        if job.top_logprobs is not None:  # the whole row: float64 log-softmax by hand
+            for event, row in zip(got, rows, strict=True):
+                values = [float(v) for v in row]
+                top = max(values)
+                norm = top + math.log(sum(math.exp(v - top) for v in values))
+                assert math.isclose(event.logprob, values[event.token] - norm, rel_tol=1e-5, abs_tol=1e-6)
+                top_ids = [t for t, _ in event.top or []]  # the tie's order is topk's
+                assert len(top_ids) == job.top_logprobs
+                assert sorted(values[t] for t in top_ids) == sorted(values)[VOCAB - job.top_logprobs :]
+                for t, logprob in event.top or []:
+                    assert math.isclose(logprob, values[t] - norm, rel_tol=1e-5, abs_tol=1e-6)
+        else:
+            assert all(e.logprob is None for e in got)
+    assert len(grammar.rows) == TOKENS
+    grammar_job = jobs[2]
+    for index, seen in enumerate(grammar.rows):
+        assert torch.equal(seen, row_for(grammar_job.slot, len(grammar_job.prompt_ids) - 1 + index))
