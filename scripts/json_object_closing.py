@@ -58,7 +58,7 @@ def main() -> None:
     tokenizer = engine.tokenizer
     compiler = GrammarCompiler(tokenizer)
     for variant in args.variants.split(","):
-        compiled = None if variant == "free" else compiler.ebnf(VARIANTS[variant])
+        compiled = None if variant == "free" else compiler.grammar(VARIANTS[variant])
         rows = []
         for index, prompt in enumerate(PROMPTS):
             text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])

@@ -164,7 +164,7 @@ FIRST, SECOND, EOG = [5, 6], [8, 12], 2
 def tiny_grammar(engine: Engine) -> Callable[[], TokenConstraint]:
     """A fresh matcher of TINY_GRAMMAR per call (compiled once)."""
     compiler = GrammarCompiler(engine.tokenizer)
-    grammar = compiler.ebnf(TINY_GRAMMAR)
+    grammar = compiler.grammar(TINY_GRAMMAR)
     return lambda: TokenConstraint(grammar, compiler.vocab_size)
 
 

@@ -248,6 +248,33 @@ def test_gbnf_grammar_holds_in_chat_and_completions(server):
         assert re.fullmatch(r"[0-9]{3}-[a-z]{1,2}", choice.text) and choice.finish_reason == "stop", choice
 
 
+# The same grammars in Lark (no `::=` on any line: vLLM's rule), starting at `start`.
+ANSWER_LARK = 'start: ("yes" | "no") "."'
+CODE_LARK = 'start: /[0-9]{3}/ "-" /[a-z]{1,2}/'
+
+
+def test_lark_grammar_holds_in_chat_and_completions(server):
+    client = server.client()
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Is the sky blue?"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"grammar": ANSWER_LARK},
+    )
+    assert reply.choices[0].message.content in ("yes.", "no.") and reply.choices[0].finish_reason == "stop"
+    completion = client.completions.create(
+        model=MODEL,
+        prompt="Code:",
+        max_tokens=12,
+        temperature=1.0,
+        seed=5,
+        extra_body={"structured_outputs": {"grammar": CODE_LARK}},
+    )
+    choice = completion.choices[0]
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{1,2}", choice.text) and choice.finish_reason == "stop", choice
+
+
 def test_bad_grammars_are_400s_naming_the_field(server):
     def post(path: str, **fields) -> dict:
         body = {"model": MODEL, "max_tokens": 2, **fields}
@@ -261,6 +288,9 @@ def test_bad_grammars_are_400s_naming_the_field(server):
     assert error["param"] == "structured_outputs.grammar" and '"root"' in error["message"]
     error = post("/v1/completions", prompt="x", structured_outputs={"regex": "[0-9]+"})
     assert error["param"] == "structured_outputs.regex"
+    error = post(CHAT, messages=WEATHER, grammar='start: ("yes" | "no"')  # Lark, one line naming where
+    assert error["param"] == "grammar" and error["message"].startswith("grammar: invalid Lark grammar: ")
+    assert "line 1, column" in error["message"] and "\n" not in error["message"]
     error = post(CHAT, messages=WEATHER, grammar=ANSWER, response_format={"type": "json_object"})
     assert error["param"] == "grammar" and "response_format" in error["message"]
     error = post(CHAT, messages=WEATHER, grammar=ANSWER, tools=TOOLS, tool_choice="required")

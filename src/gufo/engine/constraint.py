@@ -1,5 +1,5 @@
-"""Constrained decoding: a grammar (a JSON schema, any JSON object, a client's GBNF, or an EBNF wrapper
-around one) as a token mask applied before sampling, with xgrammar (docs/decisions.md says why not
+"""Constrained decoding: a grammar (a JSON schema, any JSON object, a client's GBNF or Lark, or an EBNF
+wrapper around one) as a token mask applied before sampling, with xgrammar (docs/decisions.md says why not
 llguidance).
 
 `GrammarCompiler` belongs to one tokenizer (its vocabulary's token bytes, built once); each request gets
@@ -11,6 +11,7 @@ only where the grammar may end.
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -114,15 +115,19 @@ class GrammarCompiler:
         """Raises BadInputError naming a keyword the grammar cannot enforce, or why xgrammar refused it."""
         return self._compiler.compile_grammar(schema_grammar(schema))
 
-    def ebnf(self, text: str) -> xgrammar.CompiledGrammar:
-        """A grammar in GBNF, llama.cpp's EBNF (as llama-server and vLLM take it), starting at its rule
-        `root`; raises BadInputError saying where it is wrong."""
+    def grammar(self, text: str) -> xgrammar.CompiledGrammar:
+        """A client's grammar: GBNF, llama.cpp's EBNF (as llama-server and vLLM take it), starting at its
+        rule `root`; or Lark, starting at `start`, when no line defines a rule with `::=` (vLLM's rule for
+        telling them apart). Raises BadInputError saying where it is wrong."""
         import xgrammar
 
+        lark = not any("::=" in line for line in text.splitlines())
         try:
-            grammar = xgrammar.Grammar.from_ebnf(text)
+            grammar = xgrammar.Grammar.from_lark(text) if lark else xgrammar.Grammar.from_ebnf(text)
         except (RuntimeError, ValueError, TypeError) as err:
-            raise BadInputError(f"invalid grammar: {xgrammar_reason(err)}") from None
+            raise BadInputError(
+                f"invalid {'Lark' if lark else 'GBNF'} grammar: {xgrammar_reason(err)}"
+            ) from None
         return self._compiler.compile_grammar(grammar)
 
     def tool_calls(self, functions: dict[str, dict], before: str, after: str) -> xgrammar.CompiledGrammar:
@@ -163,8 +168,10 @@ def schema_grammar(schema: dict) -> xgrammar.Grammar:
 
 
 def xgrammar_reason(err: Exception) -> str:
-    """Why xgrammar refused, without the timestamp and source location its messages start with."""
-    return str(err).split(": ", 1)[-1].strip()
+    """Why xgrammar refused, on one line: without the timestamp and source location its C++ messages
+    start with, and without the caret picture under its Lark messages."""
+    text = re.sub(r"^\[[^\]]*\] \S+?:\d+: ", "", str(err).strip())
+    return text.splitlines()[0].strip() if text else type(err).__name__
 
 
 class TokenConstraint:

@@ -7,7 +7,7 @@ for is silently ignored. Fields accepted only at their no-op values (`n`, `best_
 name) turns prefix reuse off; `stop_token_ids` (vLLM's name) stops on token ids; `top_k`, `min_p` and
 `repeat_penalty` are llama.cpp's sampling extensions; `chat_template_kwargs` (vLLM's name) are variables
 for the chat template; `grammar` (llama-server's name) or `structured_outputs: {"grammar": ...}`
-(vLLM's) is a GBNF grammar the output follows.
+(vLLM's) is a GBNF or Lark grammar the output follows.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     cache_prompt: bool = True
     user: str | None = None  # identifies the end user to OpenAI; nothing to do with the output
-    grammar: str | None = None  # llama-server's: a GBNF grammar the output follows
+    grammar: str | None = None  # llama-server's: a GBNF (or Lark) grammar the output follows
     structured_outputs: StructuredOutputs | None = None  # vLLM's name for the same
 
     @field_validator("n")

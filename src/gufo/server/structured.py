@@ -2,7 +2,7 @@
 
 `tool_choice` "required" or a named function constrains the reply to one hermes-style call whose
 arguments follow the function's parameters schema; `response_format` json_object / json_schema
-constrains it to JSON; `grammar` (or `structured_outputs.grammar`) to a client's GBNF grammar, on
+constrains it to JSON; `grammar` (or `structured_outputs.grammar`) to a client's GBNF or Lark grammar, on
 completions too. Every schema is checked first (an invalid one, or one using a keyword the
 grammar cannot enforce, is a 400 naming the field).
 """
@@ -77,7 +77,7 @@ def client_grammar(body: GenerationRequest, compiler: GrammarCompiler) -> xgramm
         return None
     param, text = found
     try:
-        return compiler.ebnf(text)
+        return compiler.grammar(text)
     except BadInputError as err:
         raise ApiError(400, f"{param}: {err}", param=param, code="invalid_value") from None
 
