@@ -222,16 +222,20 @@ def test_bad_schemas_and_tool_choices_are_400s_naming_the_field(server):
 # GBNF as llama.cpp writes it: alternatives, a character class with a bounded repeat.
 ANSWER = 'root ::= ("yes" | "no") "."'
 CODE = 'root ::= [0-9]{3} "-" code\ncode ::= [a-z] | [a-z] [a-z]'
+# The same grammars in Lark (no `::=` on any line: vLLM's rule), starting at `start`.
+ANSWER_LARK = 'start: ("yes" | "no") "."'
+CODE_LARK = 'start: /[0-9]{3}/ "-" /[a-z]{1,2}/'
 
 
-def test_gbnf_grammar_holds_in_chat_and_completions(server):
+@pytest.mark.parametrize(("answer", "code"), [(ANSWER, CODE), (ANSWER_LARK, CODE_LARK)], ids=["gbnf", "lark"])
+def test_client_grammar_holds_in_chat_and_completions(server, answer, code):
     client = server.client()
     reply = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Is the sky blue?"}],
         max_tokens=8,
         temperature=0,
-        extra_body={"grammar": ANSWER},  # llama-server's field
+        extra_body={"grammar": answer},  # llama-server's field
     )
     assert reply.choices[0].message.content in ("yes.", "no.") and reply.choices[0].finish_reason == "stop"
     # vLLM's field on completions, two prompts sampled hot at once: each its own matcher
@@ -241,38 +245,11 @@ def test_gbnf_grammar_holds_in_chat_and_completions(server):
         max_tokens=12,  # at most a token per character and the end-of-generation token
         temperature=1.0,
         seed=5,
-        extra_body={"structured_outputs": {"grammar": CODE}},
+        extra_body={"structured_outputs": {"grammar": code}},
     )
     assert len(completion.choices) == 2
     for choice in completion.choices:
         assert re.fullmatch(r"[0-9]{3}-[a-z]{1,2}", choice.text) and choice.finish_reason == "stop", choice
-
-
-# The same grammars in Lark (no `::=` on any line: vLLM's rule), starting at `start`.
-ANSWER_LARK = 'start: ("yes" | "no") "."'
-CODE_LARK = 'start: /[0-9]{3}/ "-" /[a-z]{1,2}/'
-
-
-def test_lark_grammar_holds_in_chat_and_completions(server):
-    client = server.client()
-    reply = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Is the sky blue?"}],
-        max_tokens=8,
-        temperature=0,
-        extra_body={"grammar": ANSWER_LARK},
-    )
-    assert reply.choices[0].message.content in ("yes.", "no.") and reply.choices[0].finish_reason == "stop"
-    completion = client.completions.create(
-        model=MODEL,
-        prompt="Code:",
-        max_tokens=12,
-        temperature=1.0,
-        seed=5,
-        extra_body={"structured_outputs": {"grammar": CODE_LARK}},
-    )
-    choice = completion.choices[0]
-    assert re.fullmatch(r"[0-9]{3}-[a-z]{1,2}", choice.text) and choice.finish_reason == "stop", choice
 
 
 def test_bad_grammars_are_400s_naming_the_field(server):
