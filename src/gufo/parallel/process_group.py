@@ -87,6 +87,10 @@ class TensorParallel:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        # Drop the process groups now: held here until the interpreter's teardown, their gloo threads
+        # were destroyed still joinable in about 1 run of 4 ("terminate called without an active
+        # exception", SIGABRT after a correct run; 0 of 32 with the references dropped).
+        self.group = self.control = None
 
 
 # torch >= 2.13 names it all_gather_single; older releases only have all_gather_into_tensor
