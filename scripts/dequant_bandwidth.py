@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from gemv_bandwidth import random_weight, use_device
 
 FORMATS = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_XXS"]
 SHAPES = [(4096, 4096), (12288, 4096), (4096, 12288)]  # (N, K): Qwen3-8B's attention output, up, down
@@ -73,20 +73,13 @@ def mean_seconds(calls: list[Callable[[], Any]], device: str) -> float:
 
 
 def bench(qtype_name: str, n: int, k: int, tokens: int, device: str) -> dict[str, Any]:
-    import numpy as np
     import torch
-    from gguf import GGMLQuantizationType
 
-    from gufo.formats import block_shape
-    from gufo.formats.random_blocks import random_blocks
-    from gufo.gguf.model_file import TensorInfo
     from gufo.kernels.triton import planes, prefill_gemm
     from gufo.options import KernelOptions
 
-    qtype = GGMLQuantizationType[qtype_name]
-    elements, _ = block_shape(qtype)
-    blocks = random_blocks(qtype, n * k // elements, np.random.default_rng(0)).reshape(n, -1)
-    info = TensorInfo("w", qtype, (n, k), 0, blocks.nbytes, blocks)
+    info = random_weight(qtype_name, n, k)
+    blocks = info.data
     copies = max(1, min(16, math.ceil(3 * L2_BYTES / blocks.nbytes))) if device == "cuda" else 1
     weights = [planes.upload(info, torch.device(device)) for _ in range(copies)]
     half = prefill_gemm.PREFILL_DTYPE
@@ -139,12 +132,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     args = parse_args()
-    if args.device == "cpu":  # before Triton is first imported: it picks the interpreter at decoration
-        os.environ["TRITON_INTERPRET"] = "1"
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
-        from triton_interpreter import fix_interpreter_loop_bounds  # Triton 3.6 on numpy 2.4
-
-        fix_interpreter_loop_bounds()
+    use_device(args.device)
     tokens = TINY_TOKENS if args.tiny else TOKENS
     rows = [
         bench(name, n, k, tokens, args.device)

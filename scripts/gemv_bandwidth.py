@@ -49,6 +49,17 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def use_device(device: str) -> None:
+    """On "cpu", the Triton interpreter: set before Triton is first imported (it picks the interpreter at
+    decoration), with the test suite's loop-bound fix (Triton 3.6 on numpy 2.4)."""
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+        from triton_interpreter import fix_interpreter_loop_bounds
+
+        fix_interpreter_loop_bounds()
+
+
 def copies_for(nbytes: int) -> int:
     """Weight copies read in turn so that the L2 holds none of them when it is read again."""
     return max(1, min(32, math.ceil(3 * L2_BYTES / nbytes)))
@@ -152,12 +163,7 @@ def markdown(rows: list[dict[str, Any]], copy: float) -> str:
 
 def main() -> None:
     args = parse_args()
-    if args.device == "cpu":  # before Triton is first imported: it picks the interpreter at decoration
-        os.environ["TRITON_INTERPRET"] = "1"
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
-        from triton_interpreter import fix_interpreter_loop_bounds  # Triton 3.6 on numpy 2.4
-
-        fix_interpreter_loop_bounds()
+    use_device(args.device)
     copy = copy_gbps(args.device, 2**24 if args.tiny else COPY_BYTES)
     rows = [
         bench(name, n, k, args.device, copy, args.rows)

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from gemv_bandwidth import COPY_BYTES, copies_for, copy_gbps, median_seconds, random_weight
+from gemv_bandwidth import COPY_BYTES, copies_for, copy_gbps, median_seconds, random_weight, use_device
 
 FORMATS = ["Q4_K", "Q6_K", "Q8_0"]
 SHAPES = [(4096, 4096), (12288, 4096), (4096, 12288), (151936, 4096)]  # (N, K)
@@ -149,12 +148,7 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main() -> int:
     args = parse_args()
-    if args.device == "cpu":  # before Triton is first imported: it picks the interpreter at decoration
-        os.environ["TRITON_INTERPRET"] = "1"
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
-        from triton_interpreter import fix_interpreter_loop_bounds  # Triton 3.6 on numpy 2.4
-
-        fix_interpreter_loop_bounds()
+    use_device(args.device)
     if args.sweep:
         rows, checks = sweep(args), []
     else:
