@@ -66,6 +66,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/cli/test_startup.py::test_a_flag_is_never_taken_as_a_prefix_of_another": ("unit",),
     "tests/cli/test_startup.py::test_single_dash_flags_are_never_split": ("unit",),
     "tests/engine/": ("golden",),
+    "tests/engine/test_graph_rows.py": ("unit",),
     "tests/engine/test_json_object.py": ("unit",),
     "tests/engine/test_sampling.py": ("unit",),
     "tests/formats/test_quant_blocks.py": ("unit",),

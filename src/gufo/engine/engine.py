@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gufo.engine.constraint import TokenConstraint
+from gufo.engine.graphs.rows import EXACT_ROWS
 from gufo.engine.loader import LoadProgress, load_model, open_checked
 from gufo.engine.memory import peak_memory_bytes
 from gufo.engine.sampling import Sampler, SamplingParams
@@ -117,18 +118,21 @@ class Engine:
         if batch_size <= 0:
             raise BadInputError(f"--batch-size must be positive, got {batch_size}")
         self.batch_size = batch_size
-        self.cache: KVCache = self.model.new_cache(n_slots, self.context)
+        # several tokens per graph step where the decode route is batch-invariant (speculative drafts,
+        # a server's rows); graphs past EXACT_ROWS rows are bucketed, their padding rows on a scratch slot
+        graphs = options.graphs and self.backend == "cuda" and self.model.graph_capturable
+        limit = (route.max_tokens or 1) if route.batch_invariant and self.multi_token_graphs else 1
+        layout = {"scratch": True} if graphs and self.batched_rows and limit > EXACT_ROWS else {}
+        self.cache: KVCache = self.model.new_cache(n_slots, self.context, **layout)
         # per slot, the recurrent state after each token but the last of the latest `decode_tokens`, in
         # buffers reused from call to call (fresh copies pay page faults each time), and how many are valid
         self._checkpoints: dict[int, list[list[torch.Tensor]]] = {}
         self._checkpointed: dict[int, int] = {}
         # GPU decode steps replay captured graphs unless `graphs` is off (eager op-by-op, for debugging)
         self.graph_decoder = None
-        if options.graphs and self.backend == "cuda" and self.model.graph_capturable:
+        if graphs:
             from gufo.engine.graphs.decode import GraphDecoder
 
-            # several tokens per graph step where the decode route is batch-invariant (speculative drafts)
-            limit = (route.max_tokens or 1) if route.batch_invariant and self.multi_token_graphs else 1
             device = backends.device_of(self.backend)
             # profiling: a graph's step runs uncaptured, so that each of its kernel calls is in its range
             capture = options.profile is None

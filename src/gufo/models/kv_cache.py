@@ -42,21 +42,28 @@ class KVCache:
         device: str | torch.device = "cpu",
         attention_layers: Sequence[int] | None = None,
         recurrent: RecurrentState | None = None,
+        scratch: bool = False,
     ):
-        """`attention_layers`: the layers that get KV entries (all when None); the others get none."""
+        """`attention_layers`: the layers that get KV entries (all when None); the others get none.
+        `scratch`: one more slot past the n_slots (`scratch_slot`), for the padding rows of a graph
+        replay of more rows than a step has (gufo.engine.graphs.rows); no sequence runs there."""
+        if scratch and recurrent is not None:
+            raise ValueError("a scratch slot holds KV entries only, not recurrent state")
         self.context = context
         self.n_slots = n_slots
+        self.scratch_slot = n_slots if scratch else None
         self.recurrent = recurrent
+        allocated = n_slots + scratch
         lengths = [
             context if attention_layers is None or layer in attention_layers else 0
             for layer in range(n_layers)
         ]
         self.keys = [
-            torch.zeros(n_slots, n_kv_heads, length, key_dim, dtype=dtype, device=device)
+            torch.zeros(allocated, n_kv_heads, length, key_dim, dtype=dtype, device=device)
             for length in lengths
         ]
         self.values = [
-            torch.zeros(n_slots, n_kv_heads, length, value_dim, dtype=dtype, device=device)
+            torch.zeros(allocated, n_kv_heads, length, value_dim, dtype=dtype, device=device)
             for length in lengths
         ]
 

@@ -6,8 +6,8 @@ bounds each token's cache span by its position on the device, so one graph serve
 Graphs are captured lazily per (slot, number of tokens): one token for plain decoding, several for
 verifying speculative drafts (the decode-layer kernel gives each token its one-token numbers), and per
 number of rows for one step of several sequences (a server's batch: each row's slot is a device tensor
-too, so one graph serves any set of slots). They share one memory pool; the only host synchronisation
-of a step is reading its logits back.
+too, so one graph serves any set of slots; past 16 rows, per bucket of rows: `rows`). They share one
+memory pool; the only host synchronisation of a step is reading its logits back.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import torch
 
+from gufo.engine.graphs import rows
 from gufo.models.base import DecoderModel
 from gufo.models.kv_cache import KVCache
 from gufo.models.layers import DevicePosition
@@ -132,24 +133,27 @@ class GraphDecoder:
     ) -> torch.Tensor:
         """Logits [B, vocab] (on the device) of one step of B sequences: token i at positions[i] of slot
         slots[i] (distinct slots), writing their KV like eager steps; B is at most `max_tokens`. Each row
-        runs the kernels of its own one-token step, which give it its one-token numbers. A row at
-        position 0 starts its slot's recurrent state afresh (cleared here: the step continues each)."""
+        runs the kernels of its own one-token step, which give it its one-token numbers; the graph of
+        the row count's bucket runs them (`rows.bucket`), its spare rows on the cache's scratch slot. A
+        row at position 0 starts its slot's recurrent state afresh (cleared here: the step continues each)."""
         n_rows = len(tokens)
-        if not 0 < n_rows <= self.max_tokens:
-            raise ValueError(f"{n_rows} rows in one graph step (1 to {self.max_tokens})")
+        size = rows.bucket(n_rows, self.max_tokens)
         if self.cache.recurrent is not None:
             for slot, position in zip(slots, positions, strict=True):
                 self.cache.recurrent.start(slot, position)
-        self.inputs[:, :n_rows].copy_(torch.tensor([list(tokens), list(positions), list(slots)]))
-        return self._run(ROWS, n_rows)
+        given = rows.padded(tokens, positions, slots, size, self.cache.scratch_slot)
+        self.inputs[:, :size].copy_(torch.tensor(given))
+        return self._run(ROWS, size)[:n_rows]
 
     def prepare_rows(self, n_rows: int) -> None:
-        """Capture the graphs of steps of 2..n_rows sequences now (one sequence steps on its own slot's
-        graph; the warm-ups write KV at the end of slots 0..n_rows - 1, which a sequence overwrites before
-        it reads there, and keep those slots' recurrent state)."""
-        context = self.cache.context
-        for count in range(2, min(n_rows, self.max_tokens, self.cache.n_slots) + 1 if self.capture else 0):
-            if (ROWS, count) not in self.graphs:
+        """Capture the graphs of steps of 2..n_rows sequences now, one per bucket (one sequence steps on
+        its own slot's graph; the warm-ups write KV at the end of slots 0..n_rows - 1, which a sequence
+        overwrites before it reads there, and keep those slots' recurrent state)."""
+        context, most = self.cache.context, min(n_rows, self.max_tokens, self.cache.n_slots)
+        sizes = rows.buckets(self.max_tokens) if self.capture and most > 1 else ()
+        for size in sizes[1 : sizes.index(rows.bucket(most, self.max_tokens)) + 1]:
+            if (ROWS, size) not in self.graphs:
+                count = min(size, most)  # the rest of the bucket pads
                 saved = self._saved_states(range(count))
                 self.decode_rows([0] * count, [context - 1] * count, range(count))
                 self._load_states(saved)
