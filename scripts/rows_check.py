@@ -1,44 +1,53 @@
 """GPU check of the batched decode rows (what `gufo serve` runs for its active requests): for a GGUF file,
-18 sequences of different lengths in 18 slots, steps of `Engine.decode_batch` (graph replays of 16 rows
-then 2, slots out of order; then 4 of the sequences; then 2; then all again) against each row's own
-one-token step (`Engine.decode`) on a second engine: prints the largest difference per step, and for a
-model with recurrent state (qwen35) whether every slot's state is bit for bit its one-row steps' after
-the steps; prints PASS and exits 0 when every row and every state is bit for bit equal, else FAIL, 1.
+`--rows` sequences (default 18) of different lengths in as many slots, steps of `Engine.decode_batch`
+(graph replays of up to 16 rows, or 64 on the tensor-core rows' route, slots out of order; then 4 of the
+sequences; then 2; then a bit over half of them, a padded bucket on the 64-row route; then all again)
+against each row's own one-token step (`Engine.decode`) on a second engine: prints the decode route, the
+largest difference per step, and for a model with recurrent state (qwen35) whether every slot's state is
+bit for bit its one-row steps' after the steps; prints PASS and exits 0 when every row and every state is
+bit for bit equal, else FAIL, 1.
 
     python scripts/rows_check.py FILE.gguf [FILE.gguf ...]
-    python scripts/rows_check.py --time FILE.gguf     # ms per decode_batch step of 1, 2, 4, 8, 16 rows
-    python scripts/rows_check.py --row-products tensor [--time] FILE.gguf   # on the tensor-core rows
+    python scripts/rows_check.py --row-products tensor --rows 64 FILE.gguf   # the 64-row buckets
+    python scripts/rows_check.py --row-products tensor --time --rows 64 FILE.gguf
 
 `--time` skips the check and times `decode_batch` alone (graph replays, the logits left on the device as
 for the server's greedy rows; no sampling or serving), to split a server step's time into the engine's and
-the rest.
+the rest: one JSON object per file on stdout, with the route, the most rows per replay and, per row count
+timed (1, 2, 4, 8, 16 and each bucket past 16 up to `--rows`), the bucket replayed and ms per step and
+per row.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
 import torch
 
 from gufo.engine.engine import Engine
+from gufo.engine.graphs import rows as buckets
 from gufo.options import ROW_PRODUCTS, KernelOptions, RunOptions
 
 ROWS = 18
+TIMED_ROWS = (1, 2, 4, 8, 16)  # row counts timed besides the buckets past 16
 
 
-def check(path: str, options: RunOptions) -> bool:
-    prompts = [[(7 * i + j) % 500 + 1 for j in range(1 + 3 * (i % 5))] for i in range(ROWS)]
-    order = [(5 * i) % ROWS for i in range(ROWS)]
-    engines = [Engine(path, options, context=256, n_slots=ROWS) for _ in range(2)]
+def check(path: str, options: RunOptions, rows: int) -> bool:
+    prompts = [[(7 * i + j) % 500 + 1 for j in range(1 + 3 * (i % 5))] for i in range(rows)]
+    order = [*range(1, rows, 2), *range(0, rows, 2)][::-1]  # slots out of order
+    engines = [Engine(path, options, context=256, n_slots=rows) for _ in range(2)]
     for engine in engines:
         for slot, prompt in enumerate(prompts):
             engine.prefill(prompt, slot=slot)
     alone, batched = engines
+    route = batched.model.decode_route
+    print(f"{path}: route {route.name}, up to {route.max_tokens} rows per replay", flush=True)
     positions = {slot: len(prompt) for slot, prompt in enumerate(prompts)}
     equal = True
-    for step, slots in enumerate((order, order[:4], order[4:6], order)):
+    for step, slots in enumerate((order, order[:4], order[4:6], order[: rows // 2 + 1], order)):
         tokens = [40 + step + s for s in slots]
         at = [positions[s] for s in slots]
         want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, at, slots, strict=True)])
@@ -49,28 +58,34 @@ def check(path: str, options: RunOptions) -> bool:
         equal &= all(same)
         positions.update((s, p + 1) for s, p in zip(slots, at, strict=True))
     if batched.cache.recurrent is not None:
-        states = [(alone.cache.recurrent.save(s), batched.cache.recurrent.save(s)) for s in range(ROWS)]
+        states = [(alone.cache.recurrent.save(s), batched.cache.recurrent.save(s)) for s in range(rows)]
         same = [all(torch.equal(a, b) for a, b in zip(*pair, strict=True)) for pair in states]
-        print(f"{path} recurrent state: slots equal {sum(same)}/{ROWS}", flush=True)
+        print(f"{path} recurrent state: slots equal {sum(same)}/{rows}", flush=True)
         equal &= all(same)
     return equal
 
 
-def time_steps(path: str, options: RunOptions, steps: int = 50) -> None:
-    engine = Engine(path, options, context=1024, n_slots=16)
-    for slot in range(16):
+def time_steps(path: str, options: RunOptions, rows: int, steps: int = 50) -> dict:
+    engine = Engine(path, options, context=1024, n_slots=rows)
+    for slot in range(rows):
         engine.prefill([slot + 1] * 200, slot=slot)
-    engine.prepare_rows(16)
-    for rows in (1, 2, 4, 8, 16):
-        slots = list(range(rows))
+    engine.prepare_rows(rows)
+    route = engine.model.decode_route
+    most = route.max_tokens or 1
+    wide = [size for size in buckets.buckets(most) if size > buckets.EXACT_ROWS]
+    timed = []
+    for count in sorted({n for n in (*TIMED_ROWS, *wide) if n <= rows}):
+        slots = list(range(count))
         for warm in (True, False):
             engine.synchronize()
             started = time.perf_counter()
             for i in range(3 if warm else steps):
-                engine.decode_batch([7] * rows, [200 + i] * rows, slots)
+                engine.decode_batch([7] * count, [200 + i] * count, slots)
             engine.synchronize()
         ms = (time.perf_counter() - started) * 1e3 / steps
-        print(f"{path}: {rows:2d} rows {ms:7.3f} ms/step {ms / rows:6.3f} ms/row", flush=True)
+        bucket = buckets.bucket(min(count, most), most)  # a larger step replays several
+        timed.append({"rows": count, "bucket": bucket, "ms_per_step": ms, "ms_per_row": ms / count})
+    return {"file": path, "route": route.name, "max_rows": most, "steps": steps, "rows": timed}
 
 
 def main() -> int:
@@ -78,15 +93,20 @@ def main() -> int:
     parser.add_argument("files", nargs="+")
     parser.add_argument("--time", action="store_true", help="time decode_batch steps instead of checking")
     parser.add_argument(
+        "--rows", type=int, default=None, help=f"concurrent sequences (default {ROWS}; --time: 16)"
+    )
+    parser.add_argument(
         "--row-products", choices=ROW_PRODUCTS, default="vector", help="KernelOptions.row_products"
     )
     args = parser.parse_args()
+    if args.rows is not None and args.rows < (1 if args.time else 6):
+        parser.error("--rows: at least 6 sequences to check (the steps take 4, then 2 others), 1 to time")
     options = RunOptions(device="cuda", kernels=KernelOptions(row_products=args.row_products))
     if args.time:
         for path in args.files:
-            time_steps(path, options)
+            print(json.dumps(time_steps(path, options, args.rows or 16)), flush=True)
         return 0
-    results = [check(path, options) for path in args.files]
+    results = [check(path, options, args.rows or ROWS) for path in args.files]
     print("PASS" if all(results) else "FAIL", flush=True)
     return 0 if all(results) else 1
 
