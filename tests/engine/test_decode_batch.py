@@ -1,15 +1,18 @@
 """A batched decode step of several sequences (different slots, different positions) gives each row
 exactly the logits its own one-token step gives (the step the llama.cpp golden tests check), in one
-pass of the fused CPU layer, and on a GPU in graph replays of up to 16 rows each."""
+pass of the fused CPU layer, and on a GPU in graph replays of up to 16 rows each (64, in buckets, where
+every product runs on the tensor-core int8 rows)."""
 
 from __future__ import annotations
 
+import gguf
 import pytest
 import torch
 
 from gufo.engine.engine import Engine
 from gufo.errors import BadInputError
-from gufo.options import RunOptions
+from gufo.options import KernelOptions, RunOptions
+from tests.engine.tiny_model import write_tiny_model
 
 PROMPTS = [[1, 5, 9, 20], [3, 4], [7, 8, 9, 10, 11, 12, 13]]
 
@@ -64,3 +67,45 @@ def test_gpu_rows_equal_their_own_decode_steps(model, monkeypatch):
             got = batched.decode_batch(tokens, positions, slots).cpu()
         assert torch.equal(got, want), step
         positions = [p + 1 for p in positions]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_K])
+def test_gpu_64_rows_on_the_tensor_rows_equal_their_own_decode_steps(tmp_path, qtype, monkeypatch):
+    """A model whose every product runs on the tensor-core rows (--row-products tensor, every matrix on
+    int8 rows) takes the 64-row route (the vector products keep 16); 70 sequences, slots out of order, in
+    steps of 70 rows (a 64-row replay, then 6), 33 (the 48-row bucket, 15 padding rows) and 17 (the
+    32-row one): each row bit for bit its own one-token graph step, each step reading the KV entries the
+    previous one wrote, and no real slot written past its sequence."""
+    path = write_tiny_model(tmp_path / "tiny.gguf", n_embd=256, n_ff=512, head_dim=64, qtype=qtype)
+    tensor = KernelOptions(row_products="tensor", int8_min_weights=0)
+    vector = Engine(path, RunOptions(device="cuda", kernels=KernelOptions(int8_min_weights=0)), context=64)
+    assert vector.model.decode_route.name == "cuda:torch-layer-per-token"
+    assert vector.graph_decoder.max_tokens == 16 and vector.cache.scratch_slot is None
+    n = 70
+    prompts = [[(7 * i + j) % 29 + 1 for j in range(1 + i % 5)] for i in range(n)]
+    engines = []
+    for _ in range(2):
+        engine = Engine(path, RunOptions(device="cuda", kernels=tensor), context=64, n_slots=n)
+        for slot, prompt in enumerate(prompts):
+            engine.prefill(prompt, slot=slot)
+        engines.append(engine)
+    alone, batched = engines
+    assert batched.model.decode_route.name == "cuda:torch-layer-per-token-64-rows"
+    assert batched.graph_decoder.max_tokens == 64 and batched.cache.scratch_slot == n
+    order = [(3 * i) % n for i in range(n)]
+    lengths = {slot: len(prompt) for slot, prompt in enumerate(prompts)}
+    for step, slots in enumerate((order, order[:33], order[33:50])):
+        tokens = [(step + s) % 29 + 1 for s in slots]
+        positions = [lengths[s] for s in slots]
+        want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, positions, slots, strict=True)])
+        with monkeypatch.context() as patched:
+            patched.setattr(
+                Engine, "decode_step", lambda *a, **k: pytest.fail("decode_batch fell back to rows")
+            )
+            got = batched.decode_batch(tokens, positions, slots).cpu()
+        assert torch.equal(got, want), step
+        lengths.update((s, p + 1) for s, p in zip(slots, positions, strict=True))
+    for keys in batched.cache.keys:
+        for slot, length in lengths.items():
+            assert not keys[slot, :, length:].any(), slot
