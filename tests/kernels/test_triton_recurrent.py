@@ -24,6 +24,7 @@ from gufo.kernels.triton.recurrent import TritonCausalConv1d, TritonGatedDeltaRu
 
 LAUNCH = DependentLaunch(enabled=True)  # dependent launches where the device has them (never here)
 CONV, DELTA = TritonCausalConv1d(LAUNCH), TritonGatedDeltaRule(LAUNCH)
+DELTA_SEQUENCE = TritonGatedDeltaRule(LAUNCH, sequence=True)
 SLOTS = (2, 0, 3)  # rows into three of four slots, out of order; slot 1 is no row's
 
 
@@ -107,6 +108,36 @@ def check_several_tokens_of_one_sequence() -> None:
     assert torch.equal(conv_state, want_conv_state)
 
 
+def check_sequence_is_its_steps(
+    tokens: int, heads: int, key_dim: int, value_dim: int, device: str = "cpu"
+) -> None:
+    """The tokens of one sequence in one launch (`sequence`): outputs and state bit for bit those of the
+    same tokens stepped one launch each, alone and as slot-indexed decode rows; close to the float64
+    recurrent reference."""
+    gen = generator(tokens + key_dim)
+    q, k = (torch.randn(tokens, heads, key_dim, generator=gen) * 2 for _ in range(2))
+    v = torch.randn(tokens, heads, value_dim, generator=gen)
+    g = -F.softplus(torch.randn(tokens, heads, generator=gen)) * 4  # strong gates too
+    beta = torch.sigmoid(torch.randn(tokens, heads, generator=gen))
+    state = torch.randn(heads, key_dim, value_dim, generator=gen) * 0.3
+    scale, eps = key_dim**-0.5, 1e-6
+    want_state = state.double()
+    oracle = (t.double() for t in (q, k, v, g, beta))
+    want = ReferenceGatedDeltaRule.apply(*oracle, want_state, scale, None, eps)
+    on_device = [t.to(device) for t in (q, k, v, g, beta)]
+    got_state = state.clone().to(device)
+    got = DELTA_SEQUENCE.apply(*on_device, got_state, scale, None, eps)
+    torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_state.double().cpu(), want_state, rtol=1e-5, atol=1e-5)
+    alone_state, rows_state = state.clone().to(device), state[None].clone().to(device)
+    slot = torch.zeros(1, dtype=torch.int64, device=device)
+    for t in range(tokens):
+        one = [x[t : t + 1] for x in on_device]
+        assert torch.equal(DELTA.apply(*one, alone_state, scale, None, eps)[0], got[t]), t
+        assert torch.equal(DELTA.apply(*one, rows_state, scale, slot, eps)[0], got[t]), t
+    assert torch.equal(alone_state, got_state) and torch.equal(rows_state[0], got_state)
+
+
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     return {
         "conv-slots-k4": lambda: check_conv_slots(600, 4),  # two programs, the second partly full
@@ -114,6 +145,7 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         "delta-slots-normalize": lambda: check_delta_slots(3, 16, 40, True),  # a partial value block
         "delta-slots-given-normalised": lambda: check_delta_slots(2, 24, 16, False),  # Dk not a power of 2
         "several-tokens-of-one-sequence": check_several_tokens_of_one_sequence,
+        "sequence-is-its-steps": lambda: check_sequence_is_its_steps(7, 2, 24, 40),  # partial blocks
     }
 
 
@@ -145,3 +177,4 @@ def test_gpu_real_widths():
     """Qwen3.5-0.8B's DeltaNet: 6144 conv channels of kernel 4, 16 value heads of 128 x 128."""
     check_conv_slots(6144, 4, "cuda")
     check_delta_slots(16, 128, 128, True, "cuda")
+    check_sequence_is_its_steps(300, 48, 128, 128, "cuda")  # Qwen3.5-27B's 48 value heads

@@ -4,8 +4,11 @@ delta rule, one token per row, each row over its own slot's state.
 A row's program reads only its token and its slot's state, so a step of several sequences gives each row
 the numbers of its own one-row step (the row's slot only offsets its state; a single sequence's step
 runs the same arithmetic on the one slot it is given). Several tokens of one sequence (prefill) run the
-torch reference, whose chunked form solves a chunk at once. Registered on the "cuda" backend beside the
-references (`gufo.kernels.causal_conv`, `gufo.kernels.delta_rule`), their test oracles.
+torch reference (the conv's sums are the decode step's, bit for bit); the delta rule's run either the
+reference's chunked form, which solves a chunk at once, or (`sequence`) the decode step's own arithmetic
+token after token in one launch, the state held in registers, so prefill and decode agree bit for bit.
+Registered on the "cuda" backend beside the references (`gufo.kernels.causal_conv`,
+`gufo.kernels.delta_rule`), their test oracles.
 """
 
 from __future__ import annotations
@@ -53,42 +56,47 @@ def causal_conv_step(
     tl.store(out_ptr + token * C + c, out, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["steps"])
 def gated_delta_rule_step(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr, out_ptr, H, DK, DV,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr, out_ptr, H, DK, DV, steps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
     stride_ss, stride_sh, stride_sk, scale, eps,
     NORM: tl.constexpr, SLOTS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    """Per (token, head, BLOCK_V value columns), one decode step: S <- exp(g) S, then
-    S <- S + k (beta (v - S^T k))^T, out = S^T (scale q), on the columns' [DK, BLOCK_V] tile of the
-    state (each column's update reads only that column). q and k L2-normalised first (NORM). The state
-    is slot slot_ptr[token]'s (SLOTS), else the one slot given."""
+    """Per (row, head, BLOCK_V value columns), `steps` decode steps of the row's tokens row * steps, ...:
+    S <- exp(g) S, then S <- S + k (beta (v - S^T k))^T, out = S^T (scale q), on the columns' [DK,
+    BLOCK_V] tile of the state (each column's update reads only that column), held in registers between
+    the steps. q and k L2-normalised first (NORM). The state is slot slot_ptr[row]'s (SLOTS: one step per
+    row), else the one slot given. Launched without fused multiply-adds, so a step's numbers are the same
+    whatever the number of steps."""
     wait_for_inputs(PDL)
-    token = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     dk = tl.arange(0, BLOCK_K)
     dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     k_mask, v_mask = dk < DK, dv < DV
     if SLOTS:
-        state_ptr += tl.load(slot_ptr + token) * stride_ss
-    q = tl.load(q_ptr + token * stride_qt + head * stride_qh + dk, mask=k_mask, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + token * stride_kt + head * stride_kh + dk, mask=k_mask, other=0.0).to(tl.float32)
-    if NORM:
-        q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
-        k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
-    q = q * scale
-    v = tl.load(v_ptr + token * stride_vt + head * stride_vh + dv, mask=v_mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + token * stride_gt + head).to(tl.float32)
-    beta = tl.load(beta_ptr + token * stride_bt + head).to(tl.float32)
+        state_ptr += tl.load(slot_ptr + row) * stride_ss
     tile = state_ptr + head * stride_sh + dk[:, None] * stride_sk + dv[None, :]
     tile_mask = k_mask[:, None] & v_mask[None, :]
-    s = tl.load(tile, mask=tile_mask, other=0.0) * tl.exp(g)
-    remembered = tl.sum(k[:, None] * s, axis=0)  # S^T k: what the state already returns for k
-    s = s + k[:, None] * ((v - remembered) * beta)[None, :]
+    s = tl.load(tile, mask=tile_mask, other=0.0)
+    for step in range(steps):
+        token = row * steps + step
+        q = tl.load(q_ptr + token * stride_qt + head * stride_qh + dk, mask=k_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + token * stride_kt + head * stride_kh + dk, mask=k_mask, other=0.0).to(tl.float32)
+        if NORM:
+            q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
+            k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
+        q = q * scale
+        v = tl.load(v_ptr + token * stride_vt + head * stride_vh + dv, mask=v_mask, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + token * stride_gt + head).to(tl.float32)
+        beta = tl.load(beta_ptr + token * stride_bt + head).to(tl.float32)
+        s = s * tl.exp(g)
+        remembered = tl.sum(k[:, None] * s, axis=0)  # S^T k: what the state already returns for k
+        s = s + k[:, None] * ((v - remembered) * beta)[None, :]
+        tl.store(out_ptr + (token * H + head) * DV + dv, tl.sum(q[:, None] * s, axis=0), mask=v_mask)
     tl.store(tile, s, mask=tile_mask)
-    tl.store(out_ptr + (token * H + head) * DV + dv, tl.sum(q[:, None] * s, axis=0), mask=v_mask)
 
 
 def _slot_args(
@@ -140,7 +148,14 @@ class TritonCausalConv1d(LaunchedKernel, CausalConvKernel):
 
 
 class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
+    """With `sequence`, several tokens of one sequence (prefill) are one launch of the decode step's
+    arithmetic, token after token; else they run the reference's chunked form."""
+
     name = "triton-gated-delta-rule"
+
+    def __init__(self, launch: DependentLaunch, sequence: bool = False):
+        super().__init__(launch)
+        self.sequence = sequence
 
     def apply(
         self,
@@ -155,8 +170,10 @@ class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
         qk_norm_eps: float | None = None,
     ) -> torch.Tensor:
         """The reference's contract (`gufo.kernels.delta_rule`), one launch for tokens of distinct
-        sequences (or a lone token): q, k [T, H, Dk], v [T, H, Dv], g, beta [T, H] -> [T, H, Dv] float32."""
-        if slots is None and q.shape[0] != 1:
+        sequences, a lone token or (`sequence`) the tokens of one: q, k [T, H, Dk], v [T, H, Dv], g, beta
+        [T, H] -> [T, H, Dv] float32."""
+        one_sequence = slots is None and q.shape[0] != 1
+        if one_sequence and not self.sequence:
             return ReferenceGatedDeltaRule.apply(q, k, v, g, beta, state, scale, None, qk_norm_eps)
         slot_ptr, slot_stride, one = _slot_args(state, slots, q.shape[0], 3, v)
         n_tokens, n_heads, key_dim = q.shape
@@ -178,13 +195,14 @@ class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
         out = torch.empty(n_tokens, n_heads, value_dim, dtype=torch.float32, device=q.device)
         if n_tokens:
             block_v = min(VALUE_BLOCK, triton.next_power_of_2(value_dim))
-            gated_delta_rule_step[(n_tokens, n_heads, triton.cdiv(value_dim, block_v))](
-                q, k, v, g, beta, state, slot_ptr, out, n_heads, key_dim, value_dim,
+            rows, steps = (1, n_tokens) if one_sequence else (n_tokens, 1)
+            gated_delta_rule_step[(rows, n_heads, triton.cdiv(value_dim, block_v))](
+                q, k, v, g, beta, state, slot_ptr, out, n_heads, key_dim, value_dim, steps,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0),
                 beta.stride(0), slot_stride, one.stride(0), one.stride(1), scale, qk_norm_eps or 0.0,
                 NORM=qk_norm_eps is not None, SLOTS=slots is not None,
                 BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, num_warps=NUM_WARPS,
-                **self.launch.options(q.device),
+                enable_fp_fusion=False, **self.launch.options(q.device),
             )  # fmt: skip
         return out
 
