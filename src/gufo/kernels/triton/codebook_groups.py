@@ -25,13 +25,16 @@ def iq4_xs_scale(d_ptr, scales_h_ptr, scales_l_ptr, sb, ib):
 
 @triton.jit
 def _group_bytes(ptr, start, COUNT: tl.constexpr, WORDS: tl.constexpr):
-    """Bytes start..start + COUNT - 1 [BLOCK_N, G, COUNT] (as int32) of a byte plane: read as bytes, or
+    """Bytes start..start + COUNT - 1 [BLOCK_N, G, COUNT] (uint8) of a byte plane: read as bytes, or
     (WORDS: the plane viewed as int32, `start` a multiple of 4) as COUNT // 4 words split by shifts."""
+    # one return of one type: compiled, the returns of both constexpr branches must agree
     if WORDS:
         words = tl.load(ptr + (start // 4)[:, :, None] + tl.arange(0, COUNT // 4)[None, None, :])
         parts = (words[:, :, :, None] >> (8 * tl.arange(0, 4))[None, None, None, :]) & 255
-        return tl.reshape(parts, (parts.shape[0], parts.shape[1], COUNT))
-    return tl.load(ptr + start[:, :, None] + tl.arange(0, COUNT)[None, None, :]).to(tl.int32)
+        values = tl.reshape(parts, (parts.shape[0], parts.shape[1], COUNT)).to(tl.uint8)
+    else:
+        values = tl.load(ptr + start[:, :, None] + tl.arange(0, COUNT)[None, None, :])
+    return values
 
 
 @triton.jit
@@ -43,7 +46,7 @@ def iq3_s_parts(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib, 
     # 9th bit of index p of group ib), signs[32] (a bit per element), scales[4] (nibble ib % 2 of byte
     # ib // 2: scale d * (1 + 2 * code))
     p = tl.arange(0, 8)[None, None, :]
-    qs = _group_bytes(qs_ptr, sb * 64 + ib * 8, 8, WORDS)
+    qs = _group_bytes(qs_ptr, sb * 64 + ib * 8, 8, WORDS).to(tl.int32)
     qh = tl.load(qh_ptr + sb * 8 + ib).to(tl.int32)
     words = tl.load(grid_ptr + (qs | (((qh[:, :, None] >> p) & 1) << 8)))
     signs = _group_bytes(signs_ptr, sb * 32 + ib * 4, 4, WORDS)
@@ -63,8 +66,10 @@ def _xxs_signs_scale(d_ptr, sb, aux, ksigns_ptr, step, PARITY: tl.constexpr):
         odd = index ^ (index >> 4)
         odd ^= odd >> 2
         odd ^= odd >> 1
-        return index | ((odd & 1) << 7), scale
-    return tl.load(ksigns_ptr + index), scale
+        signs = (index | ((odd & 1) << 7)).to(tl.uint8)  # the table's dtype: one return type
+    else:
+        signs = tl.load(ksigns_ptr + index)
+    return signs, scale
 
 
 @triton.jit
@@ -73,7 +78,7 @@ def iq3_xxs_parts(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib, WORDS: t
     """IQ3_XXS groups as `iq3_s_parts` returns them; WORDS: qs viewed as int32, PARITY: the sign bytes
     computed (`_xxs_signs_scale`)."""
     # per 256: d, qs[64] (8-bit grid index of 4 elements), then a uint32 per group (`_xxs_signs_scale`)
-    qs = _group_bytes(qs_ptr, sb * 64 + ib * 8, 8, WORDS)
+    qs = _group_bytes(qs_ptr, sb * 64 + ib * 8, 8, WORDS).to(tl.int32)
     signs, scale = _xxs_signs_scale(d_ptr, sb, tl.load(aux_ptr + sb * 8 + ib), ksigns_ptr, 0.5, PARITY)
     return tl.load(grid_ptr + qs), signs, scale
 
