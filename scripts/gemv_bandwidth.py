@@ -200,19 +200,21 @@ def sweep(qtype_name: str, n: int, k: int, device: str, copy: float, rep_ms: int
         def product(w: Any, config: Any = config) -> Any:
             return gemv(x, w, 0, linear.launch, config=config)
 
-        y = product(weights[0])
+        row = {"format": qtype_name, "N": n, "K": k, "candidate": i, "default": i == 0}
+        row |= {"label": config_label(config), "config": dataclasses.asdict(config)}
+        try:
+            y = product(weights[0])
+            seconds = median_seconds([lambda w=w: product(w) for w in weights], device, rep_ms)
+        except Exception as error:  # a candidate the device refuses (e.g. resources): reported, not fatal
+            if i == 0:
+                raise
+            rows.append(row | {"error": repr(error), "gbps": 0.0, "error_vs_bound": math.inf})
+            continue
         default = y if default is None else default
-        seconds = median_seconds([lambda w=w: product(w) for w in weights], device, rep_ms)
         gbps = info.data.nbytes / seconds / 1e9
         rows.append(
-            {
-                "format": qtype_name,
-                "N": n,
-                "K": k,
-                "candidate": i,
-                "default": i == 0,
-                "label": config_label(config),
-                "config": dataclasses.asdict(config),
+            row
+            | {
                 "us": seconds * 1e6,
                 "gbps": gbps,
                 "fraction_of_copy": gbps / copy,
@@ -276,7 +278,9 @@ def table(copy: float, columns: list[str], cells: list[tuple[str, ...]]) -> str:
 def sweep_markdown(rows: list[dict[str, Any]], copy: float) -> str:
     columns = ["format", "N x K", "candidate", "us", "GB/s", "of copy", "error / bound", "same bits as today"]
     cells = [
-        (
+        (r["format"], f"{r['N']}x{r['K']}", r["label"], "failed: " + r["error"], "", "", "", "")
+        if "error" in r
+        else (
             r["format"],
             f"{r['N']}x{r['K']}",
             r["label"] + (" (today)" if r["default"] else ""),

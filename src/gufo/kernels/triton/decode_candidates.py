@@ -25,6 +25,9 @@ TILES = ((4, 1024, 4), (8, 1024, 4), (16, 512, 4), (8, 2048, 8), (16, 1024, 8), 
 SWITCHED_TILES = (1, 4)  # the TILES that also run with every switch on
 SPLIT_TILE = DecodeConfig(16, 1024, 4, splits=2)  # fewer row tiles, each K split in two
 MAX_CANDIDATES = 12
+# candidates that compiled with scratch for sm_90 (Triton 3.6, `gufo kernels own`), so never timed:
+# IQ4_NL's one-row 4 x 2048 tile on 2 warps, an 8-byte stack frame
+SPILLED = {Q.IQ4_NL: (DecodeConfig(4, 2048, 2),)}
 
 
 def candidates(qtype: GGMLQuantizationType, n: int, k: int) -> tuple[DecodeConfig, ...]:
@@ -42,7 +45,7 @@ def candidates(qtype: GGMLQuantizationType, n: int, k: int) -> tuple[DecodeConfi
     found += [DecodeConfig(*tile) for tile in TILES] + [SPLIT_TILE]
     unique: list[DecodeConfig] = []
     for config in (fitted(qtype, c, k) for c in found):
-        if config not in unique:
+        if config not in unique and config not in SPILLED.get(qtype, ()):
             unique.append(config)
     return tuple(unique[:MAX_CANDIDATES])
 
