@@ -14,7 +14,8 @@ today's launch.INT8_SHAPES entry first) on the same shapes, each checked against
 the int8-rounded activations and the dequantized weight (within 1e-4 x |x| @ |W|^T, the GPU tests'
 bound) and compared bit for bit with today's result; prints JSON {copy_gbps, rows: one per candidate,
 best: per format and shape, recommend: per format the INT8_SHAPES entry (tall: N > K; wide: the other
-shapes, best geometric mean)} and a markdown table.
+shapes, best geometric mean)} and a markdown table; --json also writes it (and the rows so far after
+each shape, should the run be cut off).
 
     python scripts/gemv_bandwidth.py --json out.json            # a GPU, about a minute
     python scripts/gemv_bandwidth.py --sweep --json sweep.json  # a GPU: the launch candidates
@@ -327,12 +328,14 @@ def main() -> None:
     if args.sweep:
         from gufo.kernels.triton.decode_candidates import SWEEP_FORMATS  # after use_device: imports Triton
 
-        found = [
-            r
-            for name in args.formats or [q.name for q in SWEEP_FORMATS]
-            for n, k in shapes
-            for r in sweep(name, n, k, args.device, copy, args.rep_ms)
-        ]
+        found: list[dict[str, Any]] = []
+        for name in args.formats or [q.name for q in SWEEP_FORMATS]:
+            for n, k in shapes:
+                found += sweep(name, n, k, args.device, copy, args.rep_ms)
+                if args.json:  # the rows so far, should the run be cut off
+                    Path(args.json).write_text(
+                        json.dumps({"copy_gbps": copy, "rows": found}, indent=1) + "\n"
+                    )
         doc = {"copy_gbps": copy, "rows": found, "best": best_rows(found), "recommend": recommend(found)}
         report(doc, sweep_markdown(found, copy), args.json)
         return
