@@ -27,6 +27,7 @@ from gufo.tools.synth.presets import QWEN3_PRESETS
 pytest.importorskip("triton")
 
 from gufo.kernels.triton import gemv, gemv_int8, launch, planes, prefill_gemm  # noqa: E402  (needs triton)
+from gufo.kernels.triton.decode_candidates import SWEEP_FORMATS, every_candidate  # noqa: E402
 from gufo.kernels.triton.dependent_launch import DependentLaunch  # noqa: E402
 
 LAUNCH = DependentLaunch(enabled=True)  # dependent launches where the device has them (never here)
@@ -154,6 +155,18 @@ def check_split_k(qtype: gguf.GGMLQuantizationType) -> None:
     check(launch.gemv(x, weight, DEFAULT_LIMIT, LAUNCH, splits=64), x, info, FLOAT32_REL)
 
 
+CANDIDATE_COLS = 5 * 256  # 1, 2 or 3 K steps of the candidates' 2048, 1024 and 512, all but one with a tail
+
+
+def check_decode_candidate(qtype: gguf.GGMLQuantizationType, config: launch.DecodeConfig) -> None:
+    """A launch the bandwidth sweep times (decode_candidates) gives the one-row product within float32
+    rounding of the gguf-dequantized weights, on the int8-rounded activations."""
+    info = random_tensor(qtype, cols=CANDIDATE_COLS)
+    x = activations(1, CANDIDATE_COLS)
+    y = launch.gemv(x, INT8_EVERYWHERE.prepare(info), 0, LAUNCH, config=config)
+    check(y, x, info, FLOAT32_REL, int8_min_weights=0)
+
+
 def check_leading_dims_and_empty_input() -> None:
     info = random_tensor(Q.Q4_K)
     weight = LINEAR_KERNEL.prepare(info)
@@ -254,6 +267,11 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         cases[f"dequant-{qtype.name}"] = lambda q=qtype: check_dequantize(q)
     for qtype in IQ_QTYPES:  # more rows than a dequant program's BLOCK_N, with a tail
         cases[f"dequant-rows-{qtype.name}"] = lambda q=qtype: check_dequantize(q, rows=37)
+    for qtype in SWEEP_FORMATS:
+        for i, config in enumerate(every_candidate(qtype)):
+            cases[f"decode_candidate-{qtype.name}-{i}"] = lambda q=qtype, c=config: check_decode_candidate(
+                q, c
+            )
     cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
     cases["quantize_rows"] = check_quantize_rows
     cases["round_rows"] = check_round_rows
@@ -356,6 +374,11 @@ def test_launchers_check_their_operands():
         LINEAR_KERNEL.apply(torch.zeros(1, k), planes.TritonWeight(Q.Q2_K, (ROWS, k), ()))
     with pytest.raises(TypeError, match="dequantized weight: dtype torch.int8"):
         prefill_gemm.dequantize_weight(weight, torch.int8)
+    config = launch.DecodeConfig(4, 1024, 4)  # on float32 activations (under the int8 limit): refused
+    with pytest.raises(ValueError, match="DecodeConfig given to a product off the int8 vector kernels"):
+        launch.gemv(torch.zeros(1, k), weight, DEFAULT_LIMIT, LAUNCH, config=config)
+    with pytest.raises(ValueError, match="decoding switch parity_signs on IQ3_S"):
+        gemv_int8.decoding_constexprs(Q.IQ3_S, gemv_int8.Decoding(parity_signs=True))
 
 
 def test_package_imports_without_triton():

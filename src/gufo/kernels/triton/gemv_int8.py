@@ -20,6 +20,8 @@ vector kernels until its dot4 instruction is wired (launch.py chooses).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 import triton
 import triton.language as tl
@@ -411,7 +413,7 @@ def gemv_iq3_s_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K,
     n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, QS_WORDS: tl.constexpr,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
@@ -425,7 +427,9 @@ def gemv_iq3_s_int8(
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
         sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
-        words, signs, scale = iq3_s_parts(d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib)
+        words, signs, scale = iq3_s_parts(
+            d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib, QS_WORDS
+        )
         acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
     store_partials(out_ptr, acc, m, n, M, N, split)
 
@@ -435,7 +439,7 @@ def gemv_iq3_xxs_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K,
     n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, QS_WORDS: tl.constexpr, PARITY_SIGNS: tl.constexpr,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
@@ -447,7 +451,9 @@ def gemv_iq3_xxs_int8(
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
         sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
-        words, signs, scale = iq3_xxs_parts(d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib)
+        words, signs, scale = iq3_xxs_parts(
+            d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib, QS_WORDS, PARITY_SIGNS
+        )
         acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
     store_partials(out_ptr, acc, m, n, M, N, split)
 
@@ -456,7 +462,7 @@ def gemv_iq3_xxs_int8(
 def gemv_iq2_xxs_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, PARITY_SIGNS: tl.constexpr, WIDE_GRID: tl.constexpr,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 16, BLOCK_N)
@@ -467,9 +473,58 @@ def gemv_iq2_xxs_int8(
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
         sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
-        words, signs, scale = iq2_xxs_parts(d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib)
+        words, signs, scale = iq2_xxs_parts(
+            d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib, PARITY_SIGNS, WIDE_GRID
+        )
         acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
     store_partials(out_ptr, acc, m, n, M, N, split)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How the lattice formats' kernels decode (their constexprs; all off: the measured defaults, and
+    the only setting of the other formats). Alternatives that the bandwidth sweep times
+    (scripts/gemv_bandwidth.py --sweep), each giving the same values."""
+
+    qs_words: bool = False  # IQ3_S, IQ3_XXS: grid indices (IQ3_S: and sign bytes) read as int32 words
+    parity_signs: bool = False  # IQ3_XXS, IQ2_XXS: sign bytes from their index's parity, no ksigns reads
+    wide_grid: bool = False  # IQ2_XXS: a grid point's 8 values read as one int64, not two int32
+
+
+# per format, its kernel's Decoding switches (constexpr = the field's name in capitals)
+DECODING = {
+    Q.IQ3_S: ("qs_words",),
+    Q.IQ3_XXS: ("qs_words", "parity_signs"),
+    Q.IQ2_XXS: ("parity_signs", "wide_grid"),
+}
+# planes.py planes that the switch reads as int32 (qs_words) or int64 (wide_grid: the grid table)
+SWITCH_PLANES = {
+    ("qs_words", Q.IQ3_S): ((1, 3), torch.int32),
+    ("qs_words", Q.IQ3_XXS): ((1,), torch.int32),
+    ("wide_grid", Q.IQ2_XXS): ((2,), torch.int64),
+}
+
+
+def decoding_constexprs(qtype: GGMLQuantizationType, decoding: Decoding) -> dict[str, bool]:
+    """The kernel's switch constexprs; raises naming a switch the format's kernel does not have."""
+    taken = DECODING.get(qtype, ())
+    for switch in fields(Decoding):
+        if getattr(decoding, switch.name) and switch.name not in taken:
+            raise ValueError(f"decoding switch {switch.name} on {qtype.name}, whose int8 kernel has none")
+    return {name.upper(): getattr(decoding, name) for name in taken}
+
+
+def _viewed(
+    qtype: GGMLQuantizationType, planes: tuple[torch.Tensor, ...], decoding: Decoding
+) -> tuple[torch.Tensor, ...]:
+    """The planes as the kernel reads them: WORD_PLANES as int32, then the switches' views."""
+    words = WORD_PLANES.get(qtype, ())
+    viewed = [p.view(torch.int32) if i in words else p for i, p in enumerate(planes)]
+    for (name, format_), (indices, dtype) in SWITCH_PLANES.items():
+        if format_ == qtype and getattr(decoding, name):
+            for i in indices:
+                viewed[i] = viewed[i].view(dtype)
+    return tuple(viewed)
 
 
 KERNELS = {
@@ -540,19 +595,21 @@ def launch(
     step: int,
     warps: int,
     launch: DependentLaunch,
+    decoding: Decoding = Decoding(),
 ) -> None:
     """out[split, m, n] of x [M, K] (float32 rows, or rows a fused kernel quantized already) and a
-    weight's planes (planes.py), on int8 activations (see launch.gemv)."""
+    weight's planes (planes.py), on int8 activations (see launch.gemv), decoded as `decoding` says."""
     m, k = x.shape
+    switches = decoding_constexprs(qtype, decoding)
     xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_rows(x, launch)
-    words = tuple(p.view(torch.int32) if i in WORD_PLANES.get(qtype, ()) else p for i, p in enumerate(planes))
+    words = _viewed(qtype, planes, decoding)
     weight_bytes = sum(p.numel() * p.element_size() for p in planes)
     capped = qtype in CAPPED_FORMATS and (block_m, block_n, step) == CAPPED_TILE
     KERNELS[qtype][grid](
         xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, NATIVE=native(), num_warps=warps,
         enable_fp_fusion=False, PREFETCH=launch.prefetches(out.device, weight_bytes),
-        maxnreg=MAX_REGISTERS if capped else None,
+        maxnreg=MAX_REGISTERS if capped else None, **switches,
         **launch.options(out.device),
     )  # fmt: skip
     # Without fused multiply-adds every row rounds the same way in any row tile: with them, some Q4_K

@@ -20,7 +20,7 @@ afterwards; deterministic (no atomics), so repeated runs give identical tokens.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -84,18 +84,45 @@ def vector_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
 INT8_FORMATS = tuple(gemv_int8.KERNELS)  # vector products on int8 activations (gemv_int8.py)
 
 
-def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> VectorConfig:
-    """Launch shape of the int8 kernels for an [n, k] weight (docs/decisions.md, "int8 product
-    shapes"): Q8_0 4 rows x 1024 columns on 2 warps; Q6_K 8 x 2048; Q4_K 8 x 2048 for matrices taller
-    than wide (gate/up, qkv), else 4 x 2048 (down, attention output). Q8_0 stays at 1024 columns: its
-    2-row 2048 step compiled with an 8-byte stack frame for sm_90 (Triton 3.6). IQ4_NL/IQ4_XS take
-    Q4_K's shapes (not tuned on their own yet), IQ4_NL with 1024 columns: its 2-row 4 x 2048 tile
-    compiled with an 8-byte stack frame for sm_90 (Triton 3.6)."""
-    if qtype == Q.Q8_0:
-        rows, step, warps = 4, 1024, 2
-    else:
-        rows, step, warps = (8 if qtype == Q.Q6_K or n > k else 4), (1024 if qtype == Q.IQ4_NL else 2048), 4
-    return VectorConfig(rows, max(FORMATS[qtype].block, min(step, triton.next_power_of_2(k))), warps)
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch of an int8 vector product (gemv_int8): its tile, warps, K split and decoding switches."""
+
+    block_n: int  # output rows per program
+    step: int  # input columns per loop step (cut to the matrix's width, rounded up to a power of 2)
+    num_warps: int
+    splits: int | None = None  # K ranges (split-K); None: `_splits`, from the device's size
+    decoding: gemv_int8.Decoding = gemv_int8.Decoding()
+
+
+# The int8 products' launch by format: (for matrices taller than wide, n > k: gate/up, qkv; for the
+# others: down, attention output); docs/decisions.md, "int8 product shapes". Q8_0 stays at 1024 columns:
+# its 2-row 2048 step compiled with an 8-byte stack frame for sm_90 (Triton 3.6). The IQ formats take
+# Q4_K's shapes (not tuned on their own yet), IQ4_NL with 1024 columns: its 2-row 4 x 2048 tile
+# compiled with an 8-byte stack frame for sm_90 (Triton 3.6). `scripts/gemv_bandwidth.py --sweep`
+# times candidates against these (decode_candidates.py); the winner of a format replaces its entry.
+_Q4_K_SHAPES = (DecodeConfig(8, 2048, 4), DecodeConfig(4, 2048, 4))
+INT8_SHAPES: dict[GGMLQuantizationType, tuple[DecodeConfig, DecodeConfig]] = {
+    Q.Q8_0: (DecodeConfig(4, 1024, 2), DecodeConfig(4, 1024, 2)),
+    Q.Q4_K: _Q4_K_SHAPES,
+    Q.Q6_K: (DecodeConfig(8, 2048, 4), DecodeConfig(8, 2048, 4)),
+    Q.IQ4_NL: (DecodeConfig(8, 1024, 4), DecodeConfig(4, 1024, 4)),
+    Q.IQ4_XS: _Q4_K_SHAPES,
+    Q.IQ3_S: _Q4_K_SHAPES,
+    Q.IQ3_XXS: _Q4_K_SHAPES,
+    Q.IQ2_XXS: _Q4_K_SHAPES,
+}
+
+
+def int8_config(qtype: GGMLQuantizationType, n: int, k: int) -> DecodeConfig:
+    """Launch of the int8 kernel for an [n, k] weight: its INT8_SHAPES entry."""
+    tall, wide = INT8_SHAPES[qtype]
+    return fitted(qtype, tall if n > k else wide, k)
+
+
+def fitted(qtype: GGMLQuantizationType, config: DecodeConfig, k: int) -> DecodeConfig:
+    """config with its step cut to k columns (rounded up to a power of 2), a block of the format at least."""
+    return replace(config, step=max(FORMATS[qtype].block, min(config.step, triton.next_power_of_2(k))))
 
 
 TENSOR_ROW_FORMATS = tuple(rows_int8.KERNELS)  # int8 rows on the tensor cores (rows_int8.py)
@@ -179,12 +206,15 @@ def gemv(
     launch: DependentLaunch,
     splits: int | None = None,
     tensor_rows: bool = False,
+    config: DecodeConfig | None = None,
 ) -> torch.Tensor:
     """x [..., K] (float32/float16/bfloat16, on the weight's device; or float32 rows already quantized
     to `Int8Rows` for a format in INT8_FORMATS) -> x @ W^T [..., N] in x's dtype.
 
     `int8_min_weights`: see `runs_on_int8`; `splits`: number of K ranges (split-K); None picks one from
-    the device's size; `tensor_rows`: int8 rows on the tensor cores (`on_tensor_rows`).
+    the device's size; `tensor_rows`: int8 rows on the tensor cores (`on_tensor_rows`); `config`: the
+    launch of a product on the int8 vector kernels instead of `int8_config`'s (the bandwidth sweep's
+    candidates; `fitted` to K here), an error on any other path.
     """
     check_operands(x, weight)
     if splits is not None and splits < 1:
@@ -203,17 +233,22 @@ def gemv(
     )
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
     if tensor:
-        config = tensor_config(weight.qtype)
-        kernel, block_n, step, warps = None, config.block_n, config.step, config.num_warps
+        tile = tensor_config(weight.qtype)
+        kernel, block_n, step, warps = None, tile.block_n, tile.step, tile.num_warps
         block_m, int8 = rows_int8.BLOCK_M, True
     elif dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None:
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
         int8 = False
     else:
         int8 = quantized or int8_activations(x, weight, int8_min_weights)
-        config = (int8_config if int8 else vector_config)(weight.qtype, n, k)
-        kernel, block_n, step, warps = fmt.kernel, config.block_n, config.step, config.num_warps
+        chosen = int8_config(weight.qtype, n, k) if int8 else vector_config(weight.qtype, n, k)
+        if int8 and config is not None:
+            chosen = fitted(weight.qtype, config, k)
+            splits = config.splits if splits is None else splits
+        kernel, block_n, step, warps = fmt.kernel, chosen.block_n, chosen.step, chosen.num_warps
         block_m = min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
+    if config is not None and (tensor or not int8):
+        raise ValueError("a DecodeConfig given to a product off the int8 vector kernels")
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
     if splits is None:
@@ -242,6 +277,7 @@ def gemv(
             step,
             warps,
             launch,
+            chosen.decoding,
         )
     elif m:
         kernel[(grid_n, splits, grid_m)](

@@ -15,6 +15,7 @@ from gufo.formats import block_shape
 from gufo.kernels.backends import cache_dtype
 from gufo.kernels.int8_rows import ACT_BLOCK
 from gufo.kernels.triton.attention import PROGRAMS_PER_MULTIPROCESSOR, TritonAttentionDecode
+from gufo.kernels.triton.decode_candidates import SWEEP_FORMATS, SWEEP_SHAPES, candidates
 from gufo.kernels.triton.dependent_launch import DependentLaunch
 from gufo.kernels.triton.elementwise import (
     TritonAddRmsNorm,
@@ -67,6 +68,20 @@ def linear_examples(options: KernelOptions) -> Iterator[str]:
                     gemv(torch.empty(1, k, device="meta"), weight, 0, linear.launch, tensor_rows=True)
         n, k = LARGE_SHAPE
         linear.apply(torch.empty(1, k, device="meta"), meta_weight(qtype, n, k))
+
+
+def decode_candidate_examples(options: KernelOptions) -> Iterator[str]:
+    """The launches the bandwidth sweep times (decode_candidates: one row on each of its shapes, int8
+    activations, so NVIDIA only), labelled sweep_<format>: a candidate that spills is dropped there."""
+    if torch.version.hip is not None:
+        return
+    launch = DependentLaunch(options.dependent_launch)
+    for qtype in SWEEP_FORMATS:
+        yield f"sweep_{qtype.name.lower()}"
+        for n, k in SWEEP_SHAPES:
+            weight = meta_weight(qtype, n, k)
+            for config in candidates(qtype, n, k):
+                gemv(torch.empty(1, k, device="meta"), weight, 0, launch, config=config)
 
 
 # (query heads, KV heads, head dim, sliding window) of real models: Qwen3-0.6B and 8B, gemma3-270m (global and
@@ -172,6 +187,7 @@ def recurrent_examples(options: KernelOptions) -> Iterator[str]:
 # in the order `gufo kernels own` records them (the first launch of a configuration is the one compiled)
 LAUNCH_EXAMPLES: tuple[Callable[[KernelOptions], Iterator[str]], ...] = (
     linear_examples,
+    decode_candidate_examples,
     attention_examples,
     elementwise_examples,
     recurrent_examples,
