@@ -141,6 +141,14 @@ def bench(qtype_name: str, n: int, k: int, device: str, copy: float, rows: int =
     }
 
 
+def report(rows: list[dict[str, Any]], table: str, json_path: str | None) -> None:
+    """Print the rows as JSON and their markdown table; also write the JSON to json_path if given."""
+    print(json.dumps(rows, indent=1))
+    print(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1) + "\n")
+
+
 def markdown(rows: list[dict[str, Any]], copy: float) -> str:
     lines = [
         f"copy bandwidth: {copy:.0f} GB/s",
@@ -170,10 +178,7 @@ def main() -> None:
         for name in args.formats
         for n, k in (TINY_SHAPES if args.tiny else SHAPES)
     ]
-    print(json.dumps(rows, indent=1))
-    print(markdown(rows, copy))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    report(rows, markdown(rows, copy), args.json)
 
 
 if __name__ == "__main__":

@@ -256,11 +256,12 @@ def gemv(
         block_m, int8 = rows_int8.BLOCK_M, True
     elif dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None and not indexed:
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
-        int8 = False
+        int8, ids = False, ()
     else:
         int8 = quantized or int8_activations(x, weight, int8_min_weights)
         config = (int8_config if int8 else vector_config)(weight.qtype, n, k)
         kernel, block_n, step, warps = fmt.kernel, config.block_n, config.step, config.num_warps
+        ids = (experts.ids if indexed else None,)  # the vector kernels' ids_ptr
         # indexed: one assignment per program row (grid axis 2), its expert's rows for the tiles
         block_m = 1 if indexed else min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
@@ -278,15 +279,13 @@ def gemv(
         )  # fmt: skip
     elif m and int8:
         grid = (grid_n, splits, grid_m)
-        ids = experts.ids if indexed else None
         gemv_int8.launch(
             x2, weight.qtype, weight.planes, out, grid, n_steps, per_split, block_m, block_n, step, warps,
-            launch, ids,
+            launch, *ids,
         )  # fmt: skip
     elif m:
         kernel[(grid_n, splits, grid_m)](
-            x2, *weight.planes, out, m, n, k, x2.stride(0), n_steps, per_split,
-            experts.ids if indexed else None,
+            x2, *weight.planes, out, m, n, k, x2.stride(0), n_steps, per_split, *ids,
             BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, num_warps=warps, **launch.options(out.device),
             **({"INDEXED": True} if indexed else {}),
         )  # fmt: skip
