@@ -50,10 +50,10 @@ def oracle(info: TensorInfo) -> torch.Tensor:
 def check(qtype: gguf.GGMLQuantizationType, int8_min_weights: int, shared_row: bool) -> None:
     info = expert_tensor(qtype)
     weight = experts.TritonExpertLinear.prepare(info)
-    ids = torch.tensor(IDS)
+    device = weight.matrices.planes[0].device
     gen = torch.Generator().manual_seed(int(qtype))
-    x = torch.randn(1 if shared_row else len(IDS), info.shape[-1], generator=gen)
-    rows = launch.ExpertRows(ids, ROWS)
+    x = torch.randn(1 if shared_row else len(IDS), info.shape[-1], generator=gen).to(device)
+    rows = launch.ExpertRows(torch.tensor(IDS, device=device), ROWS)
     got = launch.gemv(x, weight.matrices, int8_min_weights, LAUNCH, experts=rows)
     assert got.shape == (len(IDS), ROWS) and got.dtype == torch.float32
     w = oracle(info)
@@ -62,10 +62,10 @@ def check(qtype: gguf.GGMLQuantizationType, int8_min_weights: int, shared_row: b
         row = x[0 if shared_row else s][None]
         plain = launch.gemv(row, weight.expert(e), int8_min_weights, LAUNCH)
         assert torch.equal(got[s], plain[0]), f"assignment {s}: not the plain product's bits"
-        multiplied = (rounded_rows_reference(row) if int8 else row).double()
+        multiplied = (rounded_rows_reference(row.cpu()) if int8 else row.cpu()).double()
         want = multiplied @ w[e].T
         bound = FLOAT32_REL * (multiplied.abs() @ w[e].abs().T) + 1e-30
-        worst = ((got[s].double() - want[0]).abs() / bound[0]).max().item()
+        worst = ((got[s].cpu().double() - want[0]).abs() / bound[0]).max().item()
         assert worst <= 1.0, f"assignment {s}: error {worst:.3g} x the bound"
 
 
@@ -76,19 +76,36 @@ def check_int8_limit_of_one_expert() -> None:
     check(Q.Q4_K, limit, shared_row=False)
 
 
-def interpreter_cases():
-    cases = {}
-    for qtype in (Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS, Q.Q4_0, Q.F32):
+FORMATS = (Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS, Q.Q4_0, Q.F32)
+
+
+def cases() -> dict[str, tuple[gguf.GGMLQuantizationType, int, bool]]:
+    """(format, int8 limit, one shared row) by case name: float32 and (where the format has int8
+    kernels) int8 activations, one row for all assignments and one row each."""
+    found = {}
+    for qtype in FORMATS:
         for shared in (True, False):
             rows = "one-row" if shared else "row-each"
-            cases[f"float32-{qtype.name}-{rows}"] = lambda q=qtype, s=shared: check(q, FLOAT, s)
+            found[f"float32-{qtype.name}-{rows}"] = (qtype, FLOAT, shared)
             if qtype in launch.INT8_FORMATS:
-                cases[f"int8-{qtype.name}-{rows}"] = lambda q=qtype, s=shared: check(q, INT8, s)
-    cases["int8-limit-of-one-expert"] = check_int8_limit_of_one_expert
-    return cases
+                found[f"int8-{qtype.name}-{rows}"] = (qtype, INT8, shared)
+    return found
+
+
+def interpreter_cases():
+    found = {name: lambda case=case: check(*case) for name, case in cases().items()}
+    found["int8-limit-of-one-expert"] = check_int8_limit_of_one_expert
+    return found
 
 
 test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(cases()))
+def test_gpu_products(case):
+    """The compiled kernels (dp4a on NVIDIA): the same bit identity and oracle bound."""
+    check(*cases()[case])
 
 
 @pytest.mark.parametrize(
