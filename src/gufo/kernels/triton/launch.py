@@ -249,6 +249,7 @@ def gemv(
     tensor = not indexed and on_tensor_rows(
         weight, m, quantized or int8_activations(x, weight, int8_min_weights), tensor_rows
     )
+    ids: tuple[torch.Tensor | None, ...] = ()  # the vector kernels' ids_ptr (None: not indexed)
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
     if tensor:
         config = tensor_config(weight.qtype)
@@ -256,18 +257,18 @@ def gemv(
         block_m, int8 = rows_int8.BLOCK_M, True
     elif dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None and not indexed:
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
-        int8, ids = False, ()
+        int8 = False
     else:
         int8 = quantized or int8_activations(x, weight, int8_min_weights)
         config = (int8_config if int8 else vector_config)(weight.qtype, n, k)
         kernel, block_n, step, warps = fmt.kernel, config.block_n, config.step, config.num_warps
-        ids = (experts.ids if indexed else None,)  # the vector kernels' ids_ptr
+        ids = (experts.ids if indexed else None,)
         # indexed: one assignment per program row (grid axis 2), its expert's rows for the tiles
         block_m = 1 if indexed else min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
-    if splits is None:  # indexed: every assignment's tiles are their own weight rows
-        splits = _splits(x.device, grid_n * (grid_m if indexed else 1), n_steps)
+    if splits is None:  # indexed: one expert's split, whatever the assignments (batch invariance)
+        splits = _splits(x.device, grid_n, n_steps)
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
     out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
