@@ -18,14 +18,12 @@ table; --json also writes the rows.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from gemv_bandwidth import random_weight, use_device
+from gemv_bandwidth import random_weight, report, use_device
 
 FORMATS = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_XXS"]
 SHAPES = [(4096, 4096), (12288, 4096), (4096, 12288)]  # (N, K): Qwen3-8B's attention output, up, down
@@ -139,10 +137,7 @@ def main() -> None:
         for name in args.formats
         for n, k in (TINY_SHAPES if args.tiny else SHAPES)
     ]
-    print(json.dumps(rows, indent=1))
-    print(markdown(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    report(rows, markdown(rows), args.json)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The Triton expert products ("expert_linear" on cuda) against the torch reference's float32 products of
 the dequantized experts, run by the Triton interpreter on CPU (in a worker subprocess: see
 triton_interpreter.py): the gathered (decode) products for one token's row and for one row per expert,
-the grouped (prefill) products, and the int8 choice made by one expert's size; a codebook format
-(IQ4_XS) too, whose value table is no per-expert plane."""
+the grouped (prefill) products; a codebook format (IQ4_XS) too, whose value table is no per-expert
+plane. The int8 choice by one expert's size is test_triton_expert_ids'."""
 
 from __future__ import annotations
 
@@ -87,17 +87,6 @@ def interpreter_cases():
 
 
 test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
-
-
-def test_int8_follows_one_experts_size():
-    """The gathered matrix is n experts tall: it must not cross the int8 limit that one expert does not."""
-    info = expert_tensor(Q.Q4_K)
-    limit = ROWS * info.shape[-1] + 1  # one expert is just under it, two experts over
-    kernel = experts.TritonExpertLinear(KernelOptions(int8_min_weights=limit))
-    weight = kernel.prepare(info, torch.device("cpu"))
-    assert kernel._int8_limit(weight) == experts.NEVER_INT8
-    kernel = experts.TritonExpertLinear(KernelOptions(int8_min_weights=limit - 1))
-    assert kernel._int8_limit(weight) == 0
 
 
 @pytest.mark.parametrize("qtype", list(FORMATS), ids=lambda q: q.name)

@@ -3,8 +3,8 @@ SwiGLU experts weighted by their (optionally renormalised) probabilities, and an
 scaled per token by sigmoid(ffn_gate_inp_shexp . x).
 
 Expert weights are 3-D GGUF tensors ([n_expert, rows, cols] in torch order). Where the backend has its
-own "expert_linear" kernel for their block format, routing stays on the device: a decode step gathers
-the chosen experts by their device-side ids (no host read, so it is captured in a CUDA graph), and
+own "expert_linear" kernel for their block format, routing stays on the device: a decode step's products
+read the chosen experts in place by their device-side ids (no host read: captured in a CUDA graph), and
 prefill sorts the token-expert assignments by expert and runs one product per expert over its rows.
 Elsewhere each expert is its own `Linear` (the backend's kernel for any matrix) and every pass groups
 the assignments the same way, reading the per-expert counts on the host.
@@ -165,7 +165,8 @@ class MoEFFN:
         return product(self.down, self.activation.apply(gate.contiguous(), up.contiguous(), "silu"))
 
     def _gathered(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """A few tokens (decode): the chosen experts gathered on the device, one product per matrix."""
+        """A few tokens (decode): one product per matrix over every assignment, each reading its expert
+        by the device-side id."""
         t, k = chosen.shape
         experts = chosen.reshape(-1)
         rows = x if t == 1 else x[:, None].expand(t, k, -1).reshape(t * k, -1)  # one token: one row for all

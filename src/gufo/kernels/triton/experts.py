@@ -1,11 +1,10 @@
 """Expert products on the GPU ("expert_linear" on the "cuda" backend): the 3-D expert tensor uploaded
 once as one [n_experts * rows, cols] weight in field planes (planes.py), each expert a row range of it.
 
-  - `gathered` (decode): the chosen experts' rows copied out of the planes by their device-side ids
-    (index_select), then one skinny product over them: no routing value reaches the host, so the step
-    is captured in a CUDA graph. With one row per expert (the down projection) the product computes
-    every row against every chosen expert and keeps the diagonal blocks: a few times the arithmetic of
-    a memory-bound product, the weights read once.
+  - `gathered` (decode): the expert-indexed vector product (launch.ExpertRows): each assignment's
+    programs read its expert's rows in place from the planes by the device-side id, so no weight is
+    copied and no routing value reaches the host (the step is captured in a CUDA graph); one row for
+    every assignment (gate/up of one token) or one row each (the down projection).
   - `grouped` (prefill): one product per expert over the rows routed to it (TritonLinear's route).
 
 Both decide int8 activations by one expert's matrix, so decode and prefill multiply the same values.
@@ -23,11 +22,9 @@ from gufo.kernels.contracts import EXPERT_LINEAR, ExpertLinearKernel
 from gufo.kernels.registry import Registration
 from gufo.kernels.triton.gemv import TritonLinear
 from gufo.kernels.triton.gemv_kernels import FORMATS
-from gufo.kernels.triton.launch import MAX_BLOCK_M, gemv, runs_on_int8
+from gufo.kernels.triton.launch import MAX_ASSIGNMENTS, ExpertRows, gemv
 from gufo.kernels.triton.planes import FIELDS, TritonWeight, upload
 from gufo.options import KernelOptions
-
-NEVER_INT8 = 2**62  # an int8 limit no matrix reaches
 
 
 @dataclass(frozen=True)
@@ -50,7 +47,7 @@ class ExpertWeight:
 
 class TritonExpertLinear(ExpertLinearKernel):
     name = "triton-experts"
-    max_assignments = MAX_BLOCK_M
+    max_assignments = MAX_ASSIGNMENTS
 
     def __init__(self, options: KernelOptions) -> None:
         self.linear = TritonLinear(options)
@@ -61,23 +58,13 @@ class TritonExpertLinear(ExpertLinearKernel):
         return ExpertWeight(upload(info, device), n_experts, rows)
 
     def gathered(self, x: torch.Tensor, weight: ExpertWeight, experts: torch.Tensor) -> torch.Tensor:
-        n, r = experts.shape[0], weight.rows
-        if not 0 < n <= self.max_assignments or x.shape[0] not in (1, n):
-            raise ValueError(f"gathered expert product: {n} experts for {x.shape[0]} rows")
-        picked = weight.experts(lambda plane: plane.index_select(0, experts))
-        y = gemv(x, picked, self._int8_limit(weight), self.linear.launch)  # [x rows, n * r]
-        if x.shape[0] == 1:
-            return y.reshape(n, r)
-        return y.reshape(n, n, r).diagonal(dim1=0, dim2=1).T.contiguous()
+        rows = ExpertRows(experts, weight.rows)
+        return gemv(x, weight.matrices, self.linear.int8_min_weights, self.linear.launch, experts=rows)
 
     def grouped(self, x: torch.Tensor, weight: ExpertWeight, counts: list[int]) -> torch.Tensor:
         groups = enumerate(x.split(counts))
         parts = [self.linear.apply(part, weight.expert(e)) for e, part in groups if part.shape[0]]
         return torch.cat(parts) if parts else x.new_empty(0, weight.rows)
-
-    def _int8_limit(self, weight: ExpertWeight) -> int:
-        """The int8 limit that gives the gathered product one expert's choice (`runs_on_int8`)."""
-        return 0 if runs_on_int8(weight.expert(0), self.linear.int8_min_weights) else NEVER_INT8
 
 
 def registrations(options: KernelOptions) -> tuple[Registration, ...]:

@@ -105,15 +105,16 @@ def _dot4(a, b, NATIVE: tl.constexpr):
 
 @triton.jit
 def gemv_q8_0_int8(
-    xq_ptr, xd_ptr, xs_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
+    xq_ptr, xd_ptr, xs_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     # a block = 8 words of weights, 8 words of activations, one scale each
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 32, BLOCK_N)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_blocks = K // 32
     j = tl.arange(0, 8)[None, :]
@@ -158,9 +159,10 @@ def _q4_k_chunk_scales(words, c):
 @triton.jit
 def gemv_q4_k_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, n_steps,
-    steps_per_split,
+    steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     # chunk g (4 per super-block, c = g % 4) = 32 qs bytes = 8 words; byte l holds element 64g + l in
     # its low nibble (sub-block 2c) and 64g + 32 + l in its high nibble (sub-block 2c + 1)
@@ -169,7 +171,7 @@ def gemv_q4_k_int8(
         prefetch_rows(scales_ptr, N, K // 256 * 3, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
         prefetch_rows(dmin_ptr, N, K // 256, BLOCK_N)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     j = tl.arange(0, 8)[None, :]
@@ -207,9 +209,10 @@ def gemv_q4_k_int8(
 @triton.jit
 def gemv_q6_k_int8(
     xq_ptr, xd_ptr, xs_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, n_steps,
-    steps_per_split,
+    steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     # half h of the row (2 per super-block, a = h % 2) = 128 elements: ql words lo = ql[64a + 4j],
     # hi = ql[64a + 32 + 4j], qh words qh[32a + 4j] (j = 4p + jj < 8). Quarter t = 0..3 holds elements
@@ -220,7 +223,7 @@ def gemv_q6_k_int8(
         prefetch_rows(qh_ptr, N, K // 16, BLOCK_N)
         prefetch_rows(scales_ptr, N, K // 16, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     pair = tl.arange(0, 2)[None, :]  # p
@@ -333,14 +336,15 @@ def _level_products(acc, q4, scale, levels_ptr, xq_ptr, xd_ptr, g, M, K, BLOCK_M
 
 @triton.jit
 def gemv_iq4_nl_int8(
-    xq_ptr, xd_ptr, xs_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
+    xq_ptr, xd_ptr, xs_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 8, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 32, BLOCK_N)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
@@ -355,16 +359,17 @@ def gemv_iq4_nl_int8(
 @triton.jit
 def gemv_iq4_xs_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, M, N, K,
-    n_steps, steps_per_split,
+    n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 8, BLOCK_N)
         prefetch_rows(scales_l_ptr, N, K // 64, BLOCK_N)
         prefetch_rows(scales_h_ptr, N, K // 256, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
@@ -411,9 +416,10 @@ def _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M
 @triton.jit
 def gemv_iq3_s_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K,
-    n_steps, steps_per_split,
+    n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, QS_WORDS: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
@@ -421,7 +427,7 @@ def gemv_iq3_s_int8(
         prefetch_rows(signs_ptr, N, K // 8, BLOCK_N)
         prefetch_rows(scales_ptr, N, K // 64, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
@@ -437,15 +443,16 @@ def gemv_iq3_s_int8(
 @triton.jit
 def gemv_iq3_xxs_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K,
-    n_steps, steps_per_split,
+    n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, QS_WORDS: tl.constexpr, PARITY_SIGNS: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
         prefetch_rows(aux_ptr, N, K // 32, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
@@ -461,13 +468,15 @@ def gemv_iq3_xxs_int8(
 @triton.jit
 def gemv_iq2_xxs_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
+    ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PARITY_SIGNS: tl.constexpr, WIDE_GRID: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 16, BLOCK_N)
         prefetch_rows(d_ptr, N, K // 256, BLOCK_N)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
@@ -596,9 +605,12 @@ def launch(
     warps: int,
     launch: DependentLaunch,
     decoding: Decoding = Decoding(),
+    ids: torch.Tensor | None = None,
 ) -> None:
     """out[split, m, n] of x [M, K] (float32 rows, or rows a fused kernel quantized already) and a
-    weight's planes (planes.py), on int8 activations (see launch.gemv), decoded as `decoding` says."""
+    weight's planes (planes.py), on int8 activations (see launch.gemv), decoded as `decoding` says; with
+    expert `ids`, the expert-indexed product (launch.ExpertRows), which prefetches nothing: its programs'
+    rows are not the rows `prefetch_rows` names."""
     m, k = x.shape
     switches = decoding_constexprs(qtype, decoding)
     xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_rows(x, launch)
@@ -606,11 +618,11 @@ def launch(
     weight_bytes = sum(p.numel() * p.element_size() for p in planes)
     capped = qtype in CAPPED_FORMATS and (block_m, block_n, step) == CAPPED_TILE
     KERNELS[qtype][grid](
-        xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
+        xq.view(torch.int32), xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split, ids,
         BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, NATIVE=native(), num_warps=warps,
-        enable_fp_fusion=False, PREFETCH=launch.prefetches(out.device, weight_bytes),
+        enable_fp_fusion=False, PREFETCH=ids is None and launch.prefetches(out.device, weight_bytes),
         maxnreg=MAX_REGISTERS if capped else None, **switches,
-        **launch.options(out.device),
+        **launch.options(out.device), **({} if ids is None else {"INDEXED": True}),
     )  # fmt: skip
     # Without fused multiply-adds every row rounds the same way in any row tile: with them, some Q4_K
     # rows of a 10-row product differed from the same rows alone on the H200 (batch invariance lost).

@@ -508,11 +508,12 @@ def _group_dot(w, x):
 
 @triton.jit
 def gemv_q4_0(
-    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     # byte i of a block: element i (low nibble), i + 16 (high)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_blocks = K // 32
     i = tl.arange(0, 16)[None, :]
@@ -535,10 +536,11 @@ def gemv_q4_0(
 
 @triton.jit
 def gemv_q4_1(
-    x_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    x_ptr, qs_ptr, d_ptr, min_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_blocks = K // 32
     i = tl.arange(0, 16)[None, :]
@@ -564,10 +566,11 @@ def gemv_q4_1(
 
 @triton.jit
 def gemv_q5_0(
-    x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_blocks = K // 32
     i = tl.arange(0, 16)[None, :]
@@ -591,10 +594,11 @@ def gemv_q5_0(
 
 @triton.jit
 def gemv_q8_0(
-    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_blocks = K // 32
     i = tl.arange(0, 32)[None, :]
@@ -615,11 +619,13 @@ def gemv_q8_0(
 @triton.jit
 def gemv_q4_k(
     x_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     # groups g = 4 * super-block + c of 32 qs bytes: byte l holds elements 64g + l (low nibble,
     # sub-block 2c) and 64g + 32 + l (high, sub-block 2c + 1)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     l = tl.arange(0, 32)[None, :]  # noqa: E741
@@ -648,11 +654,12 @@ def gemv_q4_k(
 @triton.jit
 def gemv_q5_k(
     x_ptr, d_ptr, dmin_ptr, scales_ptr, qh_ptr, qs_ptr, out_ptr, M, N, K, stride_xm, n_steps,
-    steps_per_split,
+    steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     # as Q4_K, plus the 5th bit of element 32s + l = bit s of qh[l]
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     l = tl.arange(0, 32)[None, :]  # noqa: E741
@@ -682,13 +689,14 @@ def gemv_q5_k(
 
 @triton.jit
 def gemv_q6_k(
-    x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     # groups = the 16-byte runs r = 4a + g of ql (8 per super-block); element 128a + 64h + 16g + i:
     # low 4 bits = (ql[16r + i] >> 4h) & 15, high 2 bits = (qh[32a + 16(g % 2) + i] >> 2(2h + g // 2)) & 3,
     # scale = scales[8a + 4h + g]
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     i = tl.arange(0, 16)[None, :]
@@ -718,10 +726,11 @@ def gemv_q6_k(
 
 @triton.jit
 def gemv_float(
-    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
@@ -845,10 +854,11 @@ def _tile_program(M, N, n_steps, steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N
 
 @triton.jit
 def gemv_iq4_nl(
-    x_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    x_ptr, qs_ptr, d_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)
@@ -884,9 +894,11 @@ def gemv_iq4_nl_dot(
 @triton.jit
 def gemv_iq4_xs(
     x_ptr, d_ptr, scales_h_ptr, scales_l_ptr, qs_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, n_steps,
-    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    steps_per_split,
+    ids_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)
@@ -922,9 +934,11 @@ def gemv_iq4_xs_dot(
 @triton.jit
 def gemv_iq3_s(
     x_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K, stride_xm, n_steps,
-    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    steps_per_split,
+    ids_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)
@@ -960,9 +974,11 @@ def gemv_iq3_s_dot(
 @triton.jit
 def gemv_iq3_xxs(
     x_ptr, d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps,
-    steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    steps_per_split,
+    ids_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)
@@ -998,9 +1014,11 @@ def gemv_iq3_xxs_dot(
 @triton.jit
 def gemv_iq2_xxs(
     x_ptr, d_ptr, qs_ptr, grid_ptr, ksigns_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
+    ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+    INDEXED: tl.constexpr = False,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         g, at = _steps(step, STEP, K // 32)

@@ -18,12 +18,20 @@ def store_partials(out_ptr, acc, m, n, M, N, split):
 
 
 @triton.jit
-def vector_program(N, n_steps, steps_per_split, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+def vector_program(
+    N, n_steps, steps_per_split, BLOCK_N: tl.constexpr, PDL: tl.constexpr, ids_ptr, INDEXED: tl.constexpr
+):
     """Output rows n, their weight rows (rows past N read row 0: in bounds, never stored), the split
-    index and its K-step range [first, last); first waits for the kernel before (dependent_launch)."""
+    index and its K-step range [first, last); first waits for the kernel before (dependent_launch).
+
+    INDEXED (expert-indexed products, launch.ExpertRows): the weight is a stack of experts of N rows
+    each, and program pid(2) computes activation row pid(2) (BLOCK_M = 1) against expert ids[pid(2)],
+    whose rows are read in place: the weight rows are offset by that expert's first row."""
     wait_for_inputs(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row = tl.where(n < N, n, 0).to(tl.int64)
+    if INDEXED:
+        row += tl.load(ids_ptr + tl.program_id(2)).to(tl.int64) * N
     split = tl.program_id(1)
     first = split * steps_per_split
     return n, row, split, first, tl.minimum(first + steps_per_split, n_steps)

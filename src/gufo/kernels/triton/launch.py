@@ -12,6 +12,11 @@ gemv_kernels / gemv_int8 runs, its tile shape, its split of K, and the launch it
 Block sizes are ones that compiled without register spills for sm_90 and gfx1151. M > 16 is the
 prefill's (prefill_gemm), except for products on the tensor-core rows (`skinny`).
 
+Expert-indexed products (`ExpertRows`, the MoE decode step): the weight is a stack of experts and each
+activation row multiplies the rows of the expert its device-side id names, read in place from the stack
+by the vector kernels (their INDEXED programs: jit_helpers.vector_program), one program row per
+assignment; no copy of the chosen experts, and no id read on the host, so CUDA graphs capture it.
+
 Split-K, for matrices with too few row tiles to fill the GPU: the K steps are cut into `splits`
 ranges, one per program along grid axis 1, writing float32 partials [splits, M, N] that are summed
 afterwards; deterministic (no atomics), so repeated runs give identical tokens.
@@ -41,6 +46,7 @@ VECTOR_BLOCK_M = (
     4  # activation rows per program of the vector kernels (unrolled: each adds one FMA per weight)
 )
 MAX_SPLITS = 16
+MAX_ASSIGNMENTS = 64  # expert assignments of one expert-indexed product: tokens x top-k of small batches
 # BLOCK_N of the tl.dot path: compiled without register spills for sm_90 with Triton 3.6 and 4 warps,
 # checked offline with `gufo kernels report` on the Triton cache.
 DOT_BLOCK_N = 32
@@ -51,6 +57,36 @@ ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @functools.cache
 def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@dataclass(frozen=True)
+class ExpertRows:
+    """The expert-indexed form of a product (`gemv(..., experts=...)`): the weight is a stack of experts
+    of `rows` rows each, and activation row s (or the one row, for every s) multiplies expert ids[s]."""
+
+    ids: torch.Tensor  # [S] expert ids (int32/int64) on the weight's device, 1 <= S <= MAX_ASSIGNMENTS
+    rows: int  # rows of one expert: the product is [S, rows]
+
+    def expert_weight(self, weight: TritonWeight) -> TritonWeight:
+        """The stack's planes with one expert's shape: what the launch decisions (int8, tile shape) are
+        taken by, so each product multiplies as the plain product on that expert's matrix does."""
+        n, k = weight.shape
+        if self.rows <= 0 or n % self.rows:
+            raise ValueError(
+                f"expert-indexed product: {n} weight rows are no stack of {self.rows}-row experts"
+            )
+        return TritonWeight(weight.qtype, (self.rows, k), weight.planes)
+
+    def check(self, rows: int) -> int:
+        """The number of assignments S, for activations of `rows` rows (1 or S)."""
+        if self.ids.dim() != 1 or self.ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"expert ids: expected 1-D int32/int64, got {self.ids.dtype} {list(self.ids.shape)}"
+            )
+        s = self.ids.shape[0]
+        if not 0 < s <= MAX_ASSIGNMENTS or rows not in (1, s):
+            raise ValueError(f"expert-indexed product: {s} assignments for {rows} activation rows")
+        return s
 
 
 def _splits(device: torch.device, tiles: int, n_steps: int) -> int:
@@ -210,6 +246,7 @@ def gemv(
     splits: int | None = None,
     tensor_rows: bool = False,
     config: DecodeConfig | None = None,
+    experts: ExpertRows | None = None,
 ) -> torch.Tensor:
     """x [..., K] (float32/float16/bfloat16, on the weight's device; or float32 rows already quantized
     to `Int8Rows` for a format in INT8_FORMATS) -> x @ W^T [..., N] in x's dtype.
@@ -217,11 +254,14 @@ def gemv(
     `int8_min_weights`: see `runs_on_int8`; `splits`: number of K ranges (split-K); None picks one from
     the device's size; `tensor_rows`: int8 rows on the tensor cores (`on_tensor_rows`); `config`: the
     launch of a product on the int8 vector kernels instead of `int8_config`'s (the bandwidth sweep's
-    candidates; `fitted` to K here), an error on any other path.
+    candidates; `fitted` to K here), an error on any other path; `experts`: the expert-indexed product
+    of x [S or 1, K] -> [S, rows] (`ExpertRows`), on the vector kernels.
     """
     check_operands(x, weight)
     if splits is not None and splits < 1:
         raise ValueError(f"split-K: {splits} splits, expected 1 or more")
+    if experts is not None:
+        weight = experts.expert_weight(weight)
     n, k = weight.shape
     fmt = FORMATS[weight.qtype]
     quantized = isinstance(x, Int8Rows)
@@ -231,15 +271,24 @@ def gemv(
     if not quantized and x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    tensor = on_tensor_rows(
+    indexed = experts is not None
+    if indexed:
+        assignments = experts.check(m)
+        if m < assignments:  # one row for every assignment: read again by each (row stride 0)
+            if quantized:
+                raise ValueError(f"expert-indexed product: one int8 row for {assignments} assignments")
+            x2 = x2.expand(assignments, k)
+        lead, m = (assignments,), assignments
+    tensor = not indexed and on_tensor_rows(
         weight, m, quantized or int8_activations(x, weight, int8_min_weights), tensor_rows
     )
+    ids: tuple[torch.Tensor | None, ...] = ()  # the vector kernels' ids_ptr (None: not indexed)
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
     if tensor:
         tile = tensor_config(weight.qtype, m)
         kernel, block_n, step, warps = None, tile.block_n, tile.step, tile.num_warps
         block_m, int8 = rows_int8.block_m(m), True
-    elif dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None:
+    elif dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None and not indexed:
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
         int8 = False
     else:
@@ -249,12 +298,14 @@ def gemv(
             chosen = fitted(weight.qtype, config, k)
             splits = config.splits if splits is None else splits
         kernel, block_n, step, warps = fmt.kernel, chosen.block_n, chosen.step, chosen.num_warps
-        block_m = min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
+        ids = (experts.ids if indexed else None,)
+        # indexed: one assignment per program row (grid axis 2), its expert's rows for the tiles
+        block_m = 1 if indexed else min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
     if config is not None and (tensor or not int8):
         raise ValueError("a DecodeConfig given to a product off the int8 vector kernels")
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
-    if splits is None:
+    if splits is None:  # indexed: one expert's split, whatever the assignments (batch invariance)
         splits = _splits(x.device, grid_n, n_steps)
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
@@ -268,24 +319,14 @@ def gemv(
     elif m and int8:
         grid = (grid_n, splits, grid_m)
         gemv_int8.launch(
-            x2,
-            weight.qtype,
-            weight.planes,
-            out,
-            grid,
-            n_steps,
-            per_split,
-            block_m,
-            block_n,
-            step,
-            warps,
-            launch,
-            chosen.decoding,
-        )
+            x2, weight.qtype, weight.planes, out, grid, n_steps, per_split, block_m, block_n, step, warps,
+            launch, chosen.decoding, *ids,
+        )  # fmt: skip
     elif m:
         kernel[(grid_n, splits, grid_m)](
-            x2, *weight.planes, out, m, n, k, x2.stride(0), n_steps, per_split,
+            x2, *weight.planes, out, m, n, k, x2.stride(0), n_steps, per_split, *ids,
             BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, num_warps=warps, **launch.options(out.device),
+            **({"INDEXED": True} if indexed else {}),
         )  # fmt: skip
     y = out[0] if splits == 1 else out.sum(0).to(dtype)
     return y.reshape(*lead, n)

@@ -25,9 +25,10 @@ from gufo.kernels.triton.elementwise import (
     TritonRmsNormRope,
     TritonRope,
 )
+from gufo.kernels.triton.experts import ExpertWeight, TritonExpertLinear
 from gufo.kernels.triton.gemv import TritonLinear
 from gufo.kernels.triton.gemv_kernels import FORMATS
-from gufo.kernels.triton.launch import MAX_BLOCK_M, TENSOR_ROW_FORMATS, gemv
+from gufo.kernels.triton.launch import MAX_ASSIGNMENTS, MAX_BLOCK_M, TENSOR_ROW_FORMATS, gemv
 from gufo.kernels.triton.planes import TritonWeight, weight_planes
 from gufo.kernels.triton.prefill_gemm import PREFILL_DTYPE
 from gufo.kernels.triton.recurrent import TritonCausalConv1d, TritonGatedDeltaRule
@@ -87,6 +88,31 @@ def decode_candidate_examples(options: KernelOptions) -> Iterator[str]:
             weight = meta_weight(qtype, n, k)
             for config in candidates(qtype, n, k):
                 gemv(torch.empty(1, k, device="meta"), weight, 0, launch, config=config)
+
+
+# Expert matrices [rows, cols] of Qwen3.5-35B-A3B (hidden 2048, expert FFN 512: gufo.tools.synth's
+# "35b-a3b"): gate and up stacked, gate or up alone (when their formats differ), down; 256 experts, and
+# the assignments of one token (top-8) and of the most a decode product takes.
+REFERENCE_EXPERTS = ((1024, 2048), (512, 2048), (2048, 512))
+REFERENCE_N_EXPERTS = 256
+REFERENCE_ASSIGNMENTS = (8, MAX_ASSIGNMENTS)
+
+
+def expert_examples(options: KernelOptions) -> Iterator[str]:
+    """The decode step's expert-indexed products (TritonExpertLinear.gathered) in every format, on the
+    reference experts: one token's row for all its assignments and one row each, float32 activations
+    (int8 where one expert's matrix takes them: `options`)."""
+    kernel = TritonExpertLinear(options)
+    yield "experts"
+    for qtype in FORMATS:
+        for rows, cols in REFERENCE_EXPERTS:
+            weight = ExpertWeight(
+                meta_weight(qtype, REFERENCE_N_EXPERTS * rows, cols), REFERENCE_N_EXPERTS, rows
+            )
+            for assignments in REFERENCE_ASSIGNMENTS:
+                ids = torch.empty(assignments, dtype=torch.int64, device="meta")
+                for x_rows in (1, assignments):
+                    kernel.gathered(torch.empty(x_rows, cols, device="meta"), weight, ids)
 
 
 # (query heads, KV heads, head dim, sliding window) of real models: Qwen3-0.6B and 8B, gemma3-270m (global and
@@ -193,6 +219,7 @@ def recurrent_examples(options: KernelOptions) -> Iterator[str]:
 LAUNCH_EXAMPLES: tuple[Callable[[KernelOptions], Iterator[str]], ...] = (
     linear_examples,
     decode_candidate_examples,
+    expert_examples,
     attention_examples,
     elementwise_examples,
     recurrent_examples,

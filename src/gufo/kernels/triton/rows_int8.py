@@ -82,7 +82,7 @@ def rows_q8_0_int8(
     xq_ptr, xd_ptr, xs_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, None, False)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_blocks = K // 32
     i = tl.arange(0, 32)[:, None]
@@ -108,7 +108,7 @@ def rows_q4_k_int8(
 ):  # fmt: skip
     # chunk c of a super-block: 32 qs bytes, byte l holding element 64c + l in its low nibble (sub-block
     # 2c) and 64c + 32 + l in its high nibble (sub-block 2c + 1); value d * scale * q - dmin * min
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, None, False)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     i = tl.arange(0, 32)[:, None]
@@ -143,7 +143,7 @@ def rows_q6_k_int8(
     # ql[64a + l] (t even) or ql[64a + 32 + l] (t odd), >> 4 (t // 2); high 2 bits qh[32a + l] >> 2t;
     # value d * scale * (q - 32), q in 0..63, scales per 16 columns (index 8a + 2t + p). q - 32 fits
     # int8, so the offset stays in the exact integer sums (no activation sums, unlike gemv_int8)
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL)
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, None, False)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     i = tl.arange(0, 32)
