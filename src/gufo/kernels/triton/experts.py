@@ -7,8 +7,9 @@ once as one [n_experts * rows, cols] weight in field planes (planes.py), each ex
     every row against every chosen expert and keeps the diagonal blocks: a few times the arithmetic of
     a memory-bound product, the weights read once.
   - `grouped` (prefill): one launch over every assignment, grouped by expert (experts_prefill.py), on
-    the prefill's float16 operands; formats without that kernel, and ROCm, one product per expert over
-    the rows routed to it (TritonLinear's route, the counts read on the host).
+    the prefill's float16 operands; formats without that kernel, ROCm, and int8 rows on the tensor-core
+    rows (row_products "tensor"), one product per expert over the rows routed to it (TritonLinear's
+    route, the counts read on the host).
 
 Both decide int8 activations by one expert's matrix, so decode and prefill multiply the same values.
 """
@@ -27,7 +28,7 @@ from gufo.kernels.registry import Registration
 from gufo.kernels.triton.experts_prefill import grouped_product, runs_grouped
 from gufo.kernels.triton.gemv import TritonLinear
 from gufo.kernels.triton.gemv_kernels import FORMATS
-from gufo.kernels.triton.launch import MAX_BLOCK_M, gemv, runs_on_int8
+from gufo.kernels.triton.launch import MAX_BLOCK_M, gemv, int8_activations, on_tensor_rows, runs_on_int8
 from gufo.kernels.triton.planes import FIELDS, TritonWeight, upload
 from gufo.kernels.triton.prefill_gemm import PREFILL_DTYPE, prefill_operand
 from gufo.options import KernelOptions
@@ -76,8 +77,13 @@ class TritonExpertLinear(ExpertLinearKernel):
         return y.reshape(n, n, r).diagonal(dim1=0, dim2=1).T.contiguous()
 
     def grouped(self, x: torch.Tensor, weight: ExpertWeight, groups: ExpertGroups) -> torch.Tensor:
-        if runs_grouped(weight.matrices.qtype):
-            operand = prefill_operand(x, weight.expert(0), PREFILL_DTYPE, self.linear.int8_min_weights)
+        expert = weight.expert(0)
+        int8 = int8_activations(x, expert, self.linear.int8_min_weights)
+        # on the tensor-core rows (KernelOptions.row_products "tensor") prefill rows keep decode's numbers
+        if runs_grouped(weight.matrices.qtype) and not on_tensor_rows(
+            expert, x.shape[0], int8, self.linear.tensor_rows
+        ):
+            operand = prefill_operand(x, expert, PREFILL_DTYPE, self.linear.int8_min_weights)
             return grouped_product(operand, weight.matrices, weight.n_experts, groups).to(x.dtype)
         parts = [self.linear.apply(part, weight.expert(e)) for e, part in per_expert(x, groups)]
         return torch.cat(parts) if parts else x.new_empty(0, weight.rows)
