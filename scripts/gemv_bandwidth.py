@@ -66,13 +66,15 @@ def parse_args() -> argparse.Namespace:
 
 def use_device(device: str) -> None:
     """On "cpu", the Triton interpreter: set before Triton is first imported (it picks the interpreter at
-    decoration), with the test suite's loop-bound fix (Triton 3.6 on numpy 2.4)."""
+    decoration), with the test suite's loop-bound fix (Triton 3.6 on numpy 2.4) and its language patch
+    made once per launch."""
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
-        from triton_interpreter import fix_interpreter_loop_bounds
+        from triton_interpreter import fix_interpreter_loop_bounds, patch_language_once_per_launch
 
         fix_interpreter_loop_bounds()
+        patch_language_once_per_launch()
 
 
 def copies_for(nbytes: int) -> int:

@@ -7,7 +7,7 @@ prefill; every MoE FFN's input and output is recorded in both passes. One line p
 - flips: tokens whose chosen expert set differs between the two passes (each on its own input);
 - out: the same drift of the FFN output;
 - same-in: prefill's own input rows through the FFN again, one token at a time (decode's route: the
-  experts gathered on the device) against all at once (prefill's: one product per expert), relative
+  experts gathered on the device) against all at once (prefill's: the grouped products), relative
   max diff, and the tokens whose expert sets differ between those two (router rounding alone);
 - oracle: on the first --oracle-tokens rows, the plain float32 math of the layer (dequantized router,
   experts and shared expert, written out here) against decode's route and prefill's route.

@@ -26,6 +26,7 @@ from gufo.kernels.triton import (  # noqa: E402
     attention,
     codebook_dequant,
     elementwise,
+    experts_prefill,
     gemv_int8,
     gemv_kernels,
     offline,
@@ -39,8 +40,9 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 # Once each, in their first launch configuration: the codebook formats' kernels (IQ*), the legacy
 # formats' (Q4_0, Q4_1, Q5_0) and the float weights' (F32, F16, BF16); every configuration of the K-quant
 # and Q8_0 kernels, attention and the elementwise kernels. All of them (`gufo kernels own` without the
-# flag) are 496 variants over the two targets (115 of them the bandwidth sweep's candidates, labels
-# sweep_*: decode_candidates), these 253 (docs/decisions.md, "The CI's own check").
+# flag) are 520 variants over the two targets (115 of them the bandwidth sweep's candidates, labels
+# sweep_*: decode_candidates; 24 the grouped expert products, labels experts_*), these 271
+# (docs/decisions.md, "The CI's own check").
 FIRST_ONLY = tuple(
     arg for glob in ("*_iq*", "*_q4_0*", "*_q4_1*", "*_q5_0*", "*_float*") for arg in ("--first-only", glob)
 )
@@ -99,6 +101,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
         for module in (
             gemv_kernels,
             codebook_dequant,
+            experts_prefill,
             gemv_int8,
             rows_int8,
             attention,
@@ -123,6 +126,8 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     # and on int8 tensor cores with KernelOptions.row_products = "tensor" (own_fixtures compiles them
     # whatever the options)
     int8 |= {k.__name__ for k in rows_int8.KERNELS.values()}
+    # the grouped expert products of a prefill, on the tensor cores
+    dot |= {k.__name__ for k in experts_prefill.KERNELS.values()}
     assert public == engine | dot | int8
     # no tensor-core or dp4a path on ROCm
     for target, want in (("gfx1151", public - dot - int8), ("sm_90", public)):
@@ -184,13 +189,15 @@ def test_register_cap_only_on_the_one_row_8x2048_int8_tiles(compiled):
             assert k["registers"] <= gemv_int8.MAX_REGISTERS, k["name"]
 
 
-PREFILL_KERNELS = ("dequant_", "round_rows_")  # launched once per prefill product, not dependently
+# launched once per prefill product, not dependently
+PREFILL_KERNELS = ("dequant_", "round_rows_", "grouped_")
 
 
 def test_dependent_launches_wait_before_reading(compiled):
     """sm_90 launches the decode kernels with programmatic dependent launch (dependent_launch): each such
     kernel must wait for the kernel before it (griddepcontrol.wait) before any global load, and only
-    then let the next one launch; the prefill kernels (dequantizers, activation rounding) launch plainly."""
+    then let the next one launch; the prefill kernels (dequantizers, activation rounding, grouped expert
+    products) launch plainly."""
     _, kernels = compiled
     nvidia = [k for k in kernels if k["arch"] == "sm_90"]
     for k in nvidia:

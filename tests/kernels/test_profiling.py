@@ -51,18 +51,20 @@ def test_expert_products_run_in_their_stage_range_with_the_same_results():
     from gguf import GGMLQuantizationType
 
     from gufo.kernels.contracts import EXPERT_LINEAR
+    from gufo.kernels.expert_groups import group_assignments
 
     weight, chosen = torch.randn(3, 4, 8), torch.tensor([2, 0])
+    groups = group_assignments(torch.tensor([[0], [2], [2]]), 3, 16)  # counts 1, 0, 2
     x, rows = torch.randn(1, 8), torch.randn(3, 8)
     _, plain = registry.lookup("torch", EXPERT_LINEAR, GGMLQuantizationType.Q4_K)
     with profiling.ranges(ProfileOptions()):
         _, wrapped = registry.lookup("torch", EXPERT_LINEAR, GGMLQuantizationType.Q4_K)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        gathered, grouped = wrapped.gathered(x, weight, chosen), wrapped.grouped(rows, weight, [1, 0, 2])
+        gathered, grouped = wrapped.gathered(x, weight, chosen), wrapped.grouped(rows, weight, groups)
     names = [e.name() for e in prof.profiler.kineto_results.events()]
     assert names.count(KernelRange("experts.Q4_K", plain.name, 0).name) == 2
     assert torch.equal(gathered, plain.gathered(x, weight, chosen))
-    assert torch.equal(grouped, plain.grouped(rows, weight, [1, 0, 2]))
+    assert torch.equal(grouped, plain.grouped(rows, weight, groups))
     assert torch.allclose(gathered, torch.stack([weight[2] @ x[0], weight[0] @ x[0]]), atol=1e-5)
     assert torch.allclose(grouped, torch.cat([rows[:1] @ weight[0].T, rows[1:] @ weight[2].T]), atol=1e-5)
 

@@ -17,6 +17,7 @@ from gufo.gguf.model_file import TensorInfo
 from gufo.kernels import registry
 from gufo.kernels.catalog import register_all
 from gufo.kernels.contracts import EXPERT_LINEAR
+from gufo.kernels.expert_groups import group_assignments
 from gufo.kernels.linear_reference import ReferenceExpertLinear
 from gufo.options import KernelOptions
 
@@ -71,10 +72,13 @@ def check(qtype: gguf.GGMLQuantizationType, int8_min_weights: int, rel: float) -
         scale = ReferenceExpertLinear.gathered(x.abs(), dense.abs(), chosen)
         close(kernel.gathered(x.to(device), weight, chosen.to(device)).cpu(), want, scale, rel)
     grouped = torch.randn(sum(COUNTS), info.shape[-1], generator=gen)
-    want = ReferenceExpertLinear.grouped(grouped, dense, COUNTS)
-    scale = ReferenceExpertLinear.grouped(grouped.abs(), dense.abs(), COUNTS)
+    ids = torch.repeat_interleave(torch.arange(N_EXPERTS), torch.tensor(COUNTS))[:, None]  # sorted
+    groups = group_assignments(ids, N_EXPERTS, 16)
+    want = ReferenceExpertLinear.grouped(grouped, dense, groups)
+    scale = ReferenceExpertLinear.grouped(grouped.abs(), dense.abs(), groups)
     dense_rel = rel if qtype == Q.F32 else max(rel, FLOAT16_REL)
-    close(kernel.grouped(grouped.to(device), weight, COUNTS).cpu(), want, scale, dense_rel)
+    device_groups = group_assignments(ids.to(device), N_EXPERTS, 16)
+    close(kernel.grouped(grouped.to(device), weight, device_groups).cpu(), want, scale, dense_rel)
 
 
 def interpreter_cases():

@@ -134,6 +134,24 @@ def test_gufo_runs_the_file_and_prefill_matches_decode(synth_file):
     assert result.passed, result.lines()
 
 
+@pytest.mark.gpu
+def test_gpu_prefill_matches_the_cpu_engine_and_its_own_decode(synth_file):
+    """The GPU's grouped expert products (Q4_K gate/up, Q4_K and Q6_K down) against the CPU engine's one
+    product per expert, and GPU decode (gathered experts) against GPU prefill."""
+    from gufo.options import RunOptions
+    from gufo.tools.quality.logit_diff import compare_logits
+
+    tokens = list(range(100, 164))  # 256 assignments over 16 experts: tiles of 16 rows
+    cpu = Engine(synth_file, context=128).prefill(tokens, all_logits=True)
+    gpu_engine = Engine(synth_file, options=RunOptions(device="cuda"), context=128)
+    gpu = gpu_engine.prefill(tokens, all_logits=True)
+    for position in (0, 31, 63):
+        diff = compare_logits(cpu[position], gpu[position])
+        assert diff.finite and diff.cosine > 0.99, (position, diff)  # int8 CPU activations, float16 GPU
+    result = validate_prefill(Engine(synth_file, options=RunOptions(device="cuda"), context=128), 64)
+    assert result.passed, result.lines()
+
+
 def test_mtp_file_runs_speculative_mtp_as_plain_greedy(tmp_path, capsys):
     """`--mtp` writes the multi-token-prediction block (nextn.eh_proj at the base type, its norms float)
     and `--speculative mtp` on the file prints plain greedy decoding's tokens."""

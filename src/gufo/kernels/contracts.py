@@ -18,6 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from gufo.gguf.model_file import TensorInfo
+from gufo.kernels.expert_groups import ExpertGroups
 from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.positions import RowPositions, TokenPositions
 
@@ -74,9 +75,9 @@ class ExpertLinearKernel(Kernel, Protocol):
         (one row for all) -> [A, rows]: row a is x[a] @ W[experts[a]]^T."""
         ...
 
-    def grouped(self, x: torch.Tensor, weight: Any, counts: list[int]) -> torch.Tensor:
-        """x [sum(counts), cols] sorted by expert, counts[e] rows for expert e -> [sum(counts), rows]:
-        one product per expert with rows."""
+    def grouped(self, x: torch.Tensor, weight: Any, groups: ExpertGroups) -> torch.Tensor:
+        """x [A, cols] sorted by expert as `groups` orders the assignments (groups.counts[e] rows for
+        expert e) -> [A, rows]: row i is x[i] @ W[its expert]^T."""
         ...
 
 

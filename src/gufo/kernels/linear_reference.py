@@ -10,6 +10,7 @@ import torch
 from gufo.formats import dequantize
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.contracts import EXPERT_LINEAR, LINEAR, ExpertLinearKernel, LinearKernel
+from gufo.kernels.expert_groups import ExpertGroups, per_expert
 from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 
@@ -74,8 +75,8 @@ class ReferenceExpertLinear(ExpertLinearKernel):
         return torch.bmm(weight.index_select(0, experts), rows[:, :, None])[..., 0]
 
     @staticmethod
-    def grouped(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        parts = [part @ weight[e].T for e, part in enumerate(x.split(counts)) if part.shape[0]]
+    def grouped(x: torch.Tensor, weight: torch.Tensor, groups: ExpertGroups) -> torch.Tensor:
+        parts = [part @ weight[e].T for e, part in per_expert(x, groups)]
         return torch.cat(parts) if parts else x.new_empty(0, weight.shape[1])
 
 

@@ -5,7 +5,8 @@ scaled per token by sigmoid(ffn_gate_inp_shexp . x).
 Expert weights are 3-D GGUF tensors ([n_expert, rows, cols] in torch order). Where the backend has its
 own "expert_linear" kernel for their block format, routing stays on the device: a decode step's products
 read the chosen experts in place by their device-side ids (no host read: captured in a CUDA graph), and
-prefill sorts the token-expert assignments by expert and runs one product per expert over its rows.
+prefill sorts the token-expert assignments by expert on the device (kernels.expert_groups) for one grouped
+product per matrix.
 Elsewhere each expert is its own `Linear` (the backend's kernel for any matrix) and every pass groups
 the assignments the same way, reading the per-expert counts on the host.
 """
@@ -22,6 +23,7 @@ from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import registry
 from gufo.kernels.contracts import EXPERT_LINEAR, GATED_ACT
+from gufo.kernels.expert_groups import ExpertGroups, combine, group_assignments, per_expert, tile_rows
 from gufo.models.base import GatedFFN
 from gufo.models.layers import Linear
 
@@ -97,11 +99,11 @@ class ExpertMatrices:
         """x [A or 1, cols] through experts [A] (ids on the device) -> [A, rows]; `device_routed` only."""
         return self.kernel.gathered(x, self.weight, experts)
 
-    def grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """x [sum(counts), cols] sorted by expert, counts[e] rows for expert e -> [sum(counts), rows]."""
+    def grouped(self, x: torch.Tensor, groups: ExpertGroups) -> torch.Tensor:
+        """x [A, cols] sorted by expert as `groups` orders the assignments -> [A, rows]."""
         if self.device_routed:
-            return self.kernel.grouped(x, self.weight, counts)
-        parts = [self.experts[e](part) for e, part in enumerate(x.split(counts)) if part.shape[0]]
+            return self.kernel.grouped(x, self.weight, groups)
+        parts = [self.experts[e](part) for e, part in per_expert(x, groups)]
         return torch.cat(parts)
 
 
@@ -174,15 +176,12 @@ class MoEFFN:
         return (y.reshape(t, k, -1) * weights[..., None].to(y.dtype)).sum(1)
 
     def _grouped(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """The token-expert assignments sorted by expert, one product per expert over its rows (the
-        per-expert counts are read on the host once)."""
-        experts = chosen.reshape(-1)
-        order = experts.argsort(stable=True)
-        counts = torch.bincount(experts, minlength=self.shape.n_experts).tolist()
-        tokens = order // self.shape.n_used
-        y = self._experts(x[tokens], lambda matrices, h: matrices.grouped(h, counts))
-        y = y * weights.reshape(-1)[order, None].to(y.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+        """The token-expert assignments sorted by expert on the device (expert_groups), one grouped
+        product per matrix over them, then each token's k results weighted and summed in slot order."""
+        n = self.shape.n_experts
+        groups = group_assignments(chosen, n, tile_rows(chosen.numel(), n))
+        y = self._experts(x[groups.tokens], lambda matrices, h: matrices.grouped(h, groups))
+        return combine(y, groups, weights).to(x.dtype)
 
 
 class RoutedFFNs:

@@ -5,7 +5,9 @@ once as one [n_experts * rows, cols] weight in field planes (planes.py), each ex
     programs read its expert's rows in place from the planes by the device-side id, so no weight is
     copied and no routing value reaches the host (the step is captured in a CUDA graph); one row for
     every assignment (gate/up of one token) or one row each (the down projection).
-  - `grouped` (prefill): one product per expert over the rows routed to it (TritonLinear's route).
+  - `grouped` (prefill): one launch over every assignment, grouped by expert (experts_prefill.py), on
+    the prefill's float16 operands; formats without that kernel and ROCm, one product per expert over
+    the rows routed to it (TritonLinear's route, the counts read on the host).
 
 Both decide int8 activations by one expert's matrix, so decode and prefill multiply the same values.
 """
@@ -19,11 +21,18 @@ import torch
 
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.contracts import EXPERT_LINEAR, ExpertLinearKernel
+from gufo.kernels.expert_groups import ExpertGroups, per_expert
 from gufo.kernels.registry import Registration
+from gufo.kernels.triton.experts_prefill import grouped_product, runs_grouped
 from gufo.kernels.triton.gemv import TritonLinear
 from gufo.kernels.triton.gemv_kernels import FORMATS
-from gufo.kernels.triton.launch import MAX_ASSIGNMENTS, ExpertRows, gemv
+from gufo.kernels.triton.launch import (
+    MAX_ASSIGNMENTS,
+    ExpertRows,
+    gemv,
+)
 from gufo.kernels.triton.planes import FIELDS, TritonWeight, upload
+from gufo.kernels.triton.prefill_gemm import PREFILL_DTYPE, prefill_operand
 from gufo.options import KernelOptions
 
 
@@ -61,9 +70,11 @@ class TritonExpertLinear(ExpertLinearKernel):
         rows = ExpertRows(experts, weight.rows)
         return gemv(x, weight.matrices, self.linear.int8_min_weights, self.linear.launch, experts=rows)
 
-    def grouped(self, x: torch.Tensor, weight: ExpertWeight, counts: list[int]) -> torch.Tensor:
-        groups = enumerate(x.split(counts))
-        parts = [self.linear.apply(part, weight.expert(e)) for e, part in groups if part.shape[0]]
+    def grouped(self, x: torch.Tensor, weight: ExpertWeight, groups: ExpertGroups) -> torch.Tensor:
+        if runs_grouped(weight.matrices.qtype):
+            operand = prefill_operand(x, weight.expert(0), PREFILL_DTYPE, self.linear.int8_min_weights)
+            return grouped_product(operand, weight.matrices, weight.n_experts, groups).to(x.dtype)
+        parts = [self.linear.apply(part, weight.expert(e)) for e, part in per_expert(x, groups)]
         return torch.cat(parts) if parts else x.new_empty(0, weight.rows)
 
 

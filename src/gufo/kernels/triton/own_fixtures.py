@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType
 
 from gufo.formats import block_shape
 from gufo.kernels.backends import cache_dtype
+from gufo.kernels.expert_groups import group_assignments, tile_rows
 from gufo.kernels.int8_rows import ACT_BLOCK
 from gufo.kernels.triton.attention import PROGRAMS_PER_MULTIPROCESSOR, TritonAttentionDecode
 from gufo.kernels.triton.decode_candidates import SWEEP_FORMATS, SWEEP_SHAPES, candidates
@@ -26,6 +27,7 @@ from gufo.kernels.triton.elementwise import (
     TritonRope,
 )
 from gufo.kernels.triton.experts import ExpertWeight, TritonExpertLinear
+from gufo.kernels.triton.experts_prefill import KERNELS as GROUPED_KERNELS
 from gufo.kernels.triton.gemv import TritonLinear
 from gufo.kernels.triton.gemv_kernels import FORMATS
 from gufo.kernels.triton.launch import MAX_ASSIGNMENTS, MAX_BLOCK_M, TENSOR_ROW_FORMATS, gemv
@@ -93,19 +95,19 @@ def decode_candidate_examples(options: KernelOptions) -> Iterator[str]:
 # Expert matrices [rows, cols] of Qwen3.5-35B-A3B (hidden 2048, expert FFN 512: gufo.tools.synth's
 # "35b-a3b"): gate and up stacked, gate or up alone (when their formats differ), down; 256 experts, and
 # the assignments of one token (top-8) and of the most a decode product takes.
-REFERENCE_EXPERTS = ((1024, 2048), (512, 2048), (2048, 512))
+DECODE_EXPERTS = ((1024, 2048), (512, 2048), (2048, 512))
 REFERENCE_N_EXPERTS = 256
 REFERENCE_ASSIGNMENTS = (8, MAX_ASSIGNMENTS)
 
 
-def expert_examples(options: KernelOptions) -> Iterator[str]:
+def expert_decode_examples(options: KernelOptions) -> Iterator[str]:
     """The decode step's expert-indexed products (TritonExpertLinear.gathered) in every format, on the
     reference experts: one token's row for all its assignments and one row each, float32 activations
     (int8 where one expert's matrix takes them: `options`)."""
     kernel = TritonExpertLinear(options)
     yield "experts"
     for qtype in FORMATS:
-        for rows, cols in REFERENCE_EXPERTS:
+        for rows, cols in DECODE_EXPERTS:
             weight = ExpertWeight(
                 meta_weight(qtype, REFERENCE_N_EXPERTS * rows, cols), REFERENCE_N_EXPERTS, rows
             )
@@ -113,6 +115,29 @@ def expert_examples(options: KernelOptions) -> Iterator[str]:
                 ids = torch.empty(assignments, dtype=torch.int64, device="meta")
                 for x_rows in (1, assignments):
                     kernel.gathered(torch.empty(x_rows, cols, device="meta"), weight, ids)
+
+
+# Qwen3.5-35B-A3B's experts (256 of them, 8 per token): gate and up [2 x 512, 2048], down [2048, 512];
+# prefills of 512, 1024 and 2048 tokens, which take every tile height (expert_groups.TILE_ROWS)
+REFERENCE_EXPERTS = (256, 8, ((1024, 2048), (2048, 512)))
+REFERENCE_PREFILLS = (512, 1024, 2048)
+
+
+def expert_prefill_examples(options: KernelOptions) -> Iterator[str]:
+    """The grouped expert products of a prefill (NVIDIA only: ROCm runs one product per expert), on the
+    formats with a grouped kernel; each label the format's name with an `experts_` prefix."""
+    if torch.version.hip is not None:
+        return
+    experts = TritonExpertLinear(options)
+    n_experts, n_used, shapes = REFERENCE_EXPERTS
+    for qtype in GROUPED_KERNELS:
+        yield f"experts_{qtype.name.lower()}"
+        for tokens in REFERENCE_PREFILLS:
+            chosen = torch.empty(tokens, n_used, dtype=torch.int64, device="meta")
+            groups = group_assignments(chosen, n_experts, tile_rows(chosen.numel(), n_experts))
+            for rows, cols in shapes:
+                weight = ExpertWeight(meta_weight(qtype, n_experts * rows, cols), n_experts, rows)
+                experts.grouped(torch.empty(chosen.numel(), cols, device="meta"), weight, groups)
 
 
 # (query heads, KV heads, head dim, sliding window) of real models: Qwen3-0.6B and 8B, gemma3-270m (global and
@@ -219,7 +244,8 @@ def recurrent_examples(options: KernelOptions) -> Iterator[str]:
 LAUNCH_EXAMPLES: tuple[Callable[[KernelOptions], Iterator[str]], ...] = (
     linear_examples,
     decode_candidate_examples,
-    expert_examples,
+    expert_decode_examples,
+    expert_prefill_examples,
     attention_examples,
     elementwise_examples,
     recurrent_examples,

@@ -60,7 +60,7 @@ def _product(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], -1)
 
 
-def _prefill_operand(
+def prefill_operand(
     x: torch.Tensor, weight: TritonWeight, dtype: torch.dtype, int8_min_weights: int
 ) -> torch.Tensor:
     """x as the prefill product multiplies it, in dtype. Where decode multiplies int8 activations
@@ -76,5 +76,5 @@ def prefill_product(x: torch.Tensor, weight: TritonWeight, int8_min_weights: int
     """x [..., K] @ W^T in x's dtype, through the dense matrix (`dequantize_weight`)."""
     check_operands(x, weight)
     dtype = FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
-    operand = _prefill_operand(x, weight, dtype, int8_min_weights)
+    operand = prefill_operand(x, weight, dtype, int8_min_weights)
     return _product(operand, dequantize_weight(weight, dtype)).to(x.dtype)
