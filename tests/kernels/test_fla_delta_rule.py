@@ -13,7 +13,6 @@ import torch
 from gufo import options
 from gufo.cli.common import add_eager_flag
 from gufo.errors import BadInputError
-from gufo.kernels.delta_rule import recurrent_delta_rule, scaled_queries_keys
 from gufo.options import KernelOptions
 
 pytest.importorskip("triton")
@@ -82,47 +81,21 @@ def test_fla_that_does_not_import_is_one_error_line(monkeypatch):
     assert message.endswith("--delta-rule-prefill torch") and "\n" not in message
 
 
-def model_inputs(n_tokens: int, key_heads: int, value_heads: int, dim: int) -> dict[str, torch.Tensor]:
-    """Raw (not yet normalised) q and k of key heads tiled over the value heads as qwen35 does, v with
-    strided rows (the mixer's is a view of the conv's output), the
-    model's decay g = -exp(A_log) softplus(a + dt_bias) with exp(A_log) in [1, 16], beta = sigmoid(b),
-    and a state carried in from earlier tokens."""
-    gen = torch.Generator("cuda").manual_seed(n_tokens)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device="cuda")
-
-    per = value_heads // key_heads
-    rate = 1 + 15 * torch.rand(value_heads, generator=gen, device="cuda")
-    return {
-        "q": randn(n_tokens, key_heads, dim).repeat(1, per, 1),
-        "k": randn(n_tokens, key_heads, dim).repeat(1, per, 1),
-        "v": randn(n_tokens, (value_heads + 1) * dim)[:, dim:].reshape(n_tokens, value_heads, dim),
-        "g": -rate * torch.nn.functional.softplus(randn(n_tokens, value_heads) - 4),
-        "beta": torch.sigmoid(randn(n_tokens, value_heads)),
-        "state": randn(value_heads, dim, dim) * 0.1,
-    }
-
-
-def norm_rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.double() - want).norm() / want.norm())
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("n_tokens", [2, 101, 1024])
 def test_fla_route_matches_float64_recurrence(n_tokens):
-    """Qwen3.5-27B's DeltaNet (16 key heads tiled over 48 value heads of 128 x 128), through the
-    registered kernel's prefill route (l2norm with the model's eps, scale 1/sqrt(128)): outputs and
-    final state within TOLERANCE of the float64 recurrent form; lengths below, across and over chunks."""
+    """Qwen3.5-27B's DeltaNet (16 key heads tiled over 48 value heads of 128 x 128) as the mixer hands
+    it over (scripts/delta_rule_bench.py's inputs), through the registered kernel's prefill route (l2norm
+    with eps 1e-6, scale 1/sqrt(128)): outputs and final state within TOLERANCE of the float64 recurrent
+    form; lengths below, across and over chunks of 64."""
     pytest.importorskip("fla")
-    x = model_inputs(n_tokens, 16, 48, 128)
-    scale, eps = 128**-0.5, 1e-6
-    q64, k64 = scaled_queries_keys(x["q"].double(), x["k"].double(), scale, eps)
-    want_state = x["state"].double().clone()
-    want = recurrent_delta_rule(q64, k64, x["v"].double(), x["g"].double(), x["beta"].double(), want_state)
+    from scripts.delta_rule_bench import EPS, SCALE, exact, inputs, norm_rel
+
+    x = inputs(n_tokens, torch.Generator("cuda").manual_seed(n_tokens))
+    want, want_state = exact(x)
     state = x["state"].clone()
     kernel = TritonGatedDeltaRule(LAUNCH, prefill="fla")
-    out = kernel.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], state, scale, None, eps)
+    out = kernel.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], state, SCALE, None, EPS)
     assert out.dtype == torch.float32 and out.shape == x["v"].shape
     assert norm_rel(out, want) <= TOLERANCE
     assert norm_rel(state, want_state) <= TOLERANCE
