@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from importlib.util import find_spec
 
-import torch
-
 from gufo.errors import BadInputError
 
 INT8_LIMIT_ENV = "GUFO_INT8_MIN_WEIGHTS"
@@ -37,8 +35,10 @@ def fla_installed() -> bool:
 
 
 def default_delta_rule_prefill() -> str:
-    """ "fla" on a CUDA build of torch with fla-core installed, else "torch" (ROCm and CPU-only builds:
-    docs/decisions.md, "Gated delta rule prefill: fla-core on CUDA")."""
+    """The default route: fla on a CUDA build of torch with fla-core installed, else torch (ROCm and
+    CPU-only builds: docs/decisions.md, "Gated delta rule prefill: fla-core on CUDA")."""
+    import torch  # here, not at the top: the CLI answers usage errors before it imports torch
+
     return "fla" if torch.version.cuda is not None and fla_installed() else "torch"
 
 
