@@ -80,6 +80,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/kernel_check/test_own.py::test_kernels_compile_for_amd_with_a_triton_without": ("system",),
     "tests/kernels/": ("unit",),
     "tests/kernels/test_delta_rule.py": ("golden",),
+    "tests/kernels/test_fla_delta_rule.py": ("unit",),
     "tests/kernels/test_triton_attention.py::test_kernel_in_interpreter": ("system",),
     "tests/kernels/test_triton_elementwise.py::test_kernel_in_interpreter": ("system",),
     "tests/kernels/test_triton_gemv.py::test_kernel_in_interpreter": ("system",),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
+from importlib.util import find_spec
 
 from gufo.errors import BadInputError
 
@@ -18,9 +19,27 @@ DEPENDENT_LAUNCH_ENV = "GUFO_DEPENDENT_LAUNCH"
 DEFAULT_INT8_MIN_WEIGHTS = 2**21
 # how the GPU's decode products of int8 activation rows run (KernelOptions.row_products)
 ROW_PRODUCTS = ("vector", "tensor")
+# how the GPU's gated delta rule runs several tokens of one sequence (KernelOptions.delta_rule_prefill)
+DELTA_RULE_PREFILLS = ("fla", "torch")
+FLA_MISSING = (
+    "delta rule prefill fla: fla-core {}; pip install 'gufo[cuda]' or pass --delta-rule-prefill torch"
+)
 DEFAULT_CONTEXT = 4096  # tokens of KV cache, capped at the model's context length
 DEFAULT_BATCH = 2048  # prompt tokens per prefill pass
 POOLINGS = ("mean", "last")  # how an embedding pools its tokens' hidden states (`Engine.embed`)
+
+
+def fla_installed() -> bool:
+    """Whether the fla-core package is there (found, not imported: importing it loads its models too)."""
+    return find_spec("fla") is not None
+
+
+def default_delta_rule_prefill() -> str:
+    """The default route: fla on a CUDA build of torch with fla-core installed, else torch (ROCm and
+    CPU-only builds: docs/decisions.md, "Gated delta rule prefill: fla-core on CUDA")."""
+    import torch  # here, not at the top: the CLI answers usage errors before it imports torch
+
+    return "fla" if torch.version.cuda is not None and fla_installed() else "torch"
 
 
 @dataclass(frozen=True)
@@ -36,8 +55,18 @@ class KernelOptions:
     # rows; prefill's on float16 operands) or "tensor" (rows_int8: tensor-core tiles of 16 rows, 64 past
     # 64 rows; every row count of a run alike, prefill's too)
     row_products: str = "vector"
+    # the chunked (prefill) form of the gated delta rule: "fla" (fla-core's Triton kernels) or "torch"
+    # (gufo.kernels.delta_rule); decode steps run gufo's Triton step either way
+    delta_rule_prefill: str = field(default_factory=default_delta_rule_prefill)
 
     def __post_init__(self) -> None:
+        if self.delta_rule_prefill not in DELTA_RULE_PREFILLS:
+            raise BadInputError(
+                f"delta rule prefill: expected one of {', '.join(DELTA_RULE_PREFILLS)}, "
+                f"got {self.delta_rule_prefill!r}"
+            )
+        if self.delta_rule_prefill == "fla" and not fla_installed():
+            raise BadInputError(FLA_MISSING.format("is not installed"))
         if self.row_products not in ROW_PRODUCTS:
             raise BadInputError(
                 f"row products: expected one of {', '.join(ROW_PRODUCTS)}, got {self.row_products!r}"

@@ -8,6 +8,7 @@ import statistics
 import pytest
 
 from gufo.engine.engine import Engine
+from gufo.options import default_delta_rule_prefill
 from tests.conftest import gufo
 
 
@@ -118,13 +119,15 @@ def test_rows_carry_the_run_options_from_flags_and_environment(capsys, monkeypat
     assert row["options"] == {
         "device": "cpu", "graphs": False, "threads": None, "mmap": True, "int8_min_weights": 4096,
         "dependent_launch": False, "row_products": "vector",
+        "delta_rule_prefill": default_delta_rule_prefill(),  # tests/kernels/test_fla_delta_rule.py
     }  # fmt: skip
     code, out, _ = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1",
-                        "--int8-min-weights", "0", "--row-products", "tensor", "-o", "json")  # fmt: skip
+                        "--int8-min-weights", "0", "--row-products", "tensor",
+                        "--delta-rule-prefill", "torch", "-o", "json")  # fmt: skip
     assert code == 0
     (row,) = json.loads(out)
-    kernels = [row["options"][key] for key in ("int8_min_weights", "dependent_launch", "row_products")]
-    assert kernels == [0, True, "tensor"]
+    keys = ("int8_min_weights", "dependent_launch", "row_products", "delta_rule_prefill")
+    assert [row["options"][key] for key in keys] == [0, True, "tensor", "torch"]
     monkeypatch.setenv("GUFO_INT8_MIN_WEIGHTS", "lots")
     code, out, err = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1")
     assert code == 2 and out == ""

@@ -17,6 +17,7 @@ from gufo.options import (
     DEFAULT_BATCH,
     DEFAULT_CONTEXT,
     DEFAULT_INT8_MIN_WEIGHTS,
+    DELTA_RULE_PREFILLS,
     DEPENDENT_LAUNCH_ENV,
     INT8_LIMIT_ENV,
     ROW_PRODUCTS,
@@ -154,6 +155,15 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         "depends on how many requests share a step, and with tensor prefill rows get decode's numbers "
         "(default vector)",
     )
+    parser.add_argument(
+        "--delta-rule-prefill",
+        choices=DELTA_RULE_PREFILLS,
+        default=None,
+        help="GPU: how the Gated DeltaNet layers (qwen35, qwen35moe, qwen3next) run several tokens of one "
+        "sequence: fla (fla-core's chunked Triton kernels, pip install 'gufo[cuda]') or torch (gufo's "
+        "chunked torch form); decode steps run gufo's Triton step either way (default fla on a CUDA "
+        "build of torch with fla-core installed, else torch)",
+    )
 
 
 def warn_about_threads(counts: list[int]) -> None:
@@ -174,6 +184,8 @@ def run_options(args: argparse.Namespace, threads: int | None = None) -> RunOpti
         kernels = replace(kernels, int8_min_weights=args.int8_min_weights)
     if args.dependent_launch is not None:
         kernels = replace(kernels, dependent_launch=args.dependent_launch == "on")
+    if args.delta_rule_prefill is not None:
+        kernels = replace(kernels, delta_rule_prefill=args.delta_rule_prefill)
     check_llama_compat(args)
     return RunOptions(
         device=device(args), graphs=not args.eager, threads=threads, kernels=kernels, mmap=not args.no_mmap

@@ -110,6 +110,15 @@ def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def scaled_queries_keys(
+    q: torch.Tensor, k: torch.Tensor, scale: float, qk_norm_eps: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's q and k as the forms take them: L2-normalised first (qk_norm_eps), q times `scale`."""
+    if qk_norm_eps is not None:
+        q, k = l2_normalize(q, qk_norm_eps), l2_normalize(k, qk_norm_eps)
+    return q * scale, k
+
+
 class ReferenceGatedDeltaRule(DeltaRuleKernel):
     """One token: the recurrent form; more: the chunked form. q is multiplied by `scale` first. With
     `slots` each token is one decode step of its own sequence (token by token, over its slot's state)."""
@@ -128,17 +137,16 @@ class ReferenceGatedDeltaRule(DeltaRuleKernel):
         slots: torch.Tensor | None = None,
         qk_norm_eps: float | None = None,
     ) -> torch.Tensor:
-        if qk_norm_eps is not None:
-            q, k = l2_normalize(q, qk_norm_eps), l2_normalize(k, qk_norm_eps)
+        q, k = scaled_queries_keys(q, k, scale, qk_norm_eps)
         if slots is not None:
             rows = [
-                recurrent_delta_rule(q[t : t + 1] * scale, k[t : t + 1], v[t : t + 1], g[t : t + 1],
+                recurrent_delta_rule(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1],
                                      beta[t : t + 1], state[s])
                 for t, s in enumerate(slots.tolist())
             ]  # fmt: skip
             return torch.cat(rows) if rows else torch.empty_like(v)
         form = recurrent_delta_rule if q.shape[0] == 1 else chunked_delta_rule
-        return form(q * scale, k, v, g, beta, state)
+        return form(q, k, v, g, beta, state)
 
 
 KERNELS = (Registration(REFERENCE_BACKEND, GATED_DELTA_RULE, ReferenceGatedDeltaRule()),)

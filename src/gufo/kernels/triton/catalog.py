@@ -15,5 +15,5 @@ def registrations(options: KernelOptions) -> tuple[Registration, ...]:
         + experts.registrations(options)
         + attention.registrations(launch)
         + elementwise.registrations(launch)
-        + recurrent.registrations(launch)
+        + recurrent.registrations(launch, options)
     )

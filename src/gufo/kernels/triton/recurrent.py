@@ -4,8 +4,9 @@ delta rule, one token per row, each row over its own slot's state.
 A row's program reads only its token and its slot's state, so a step of several sequences gives each row
 the numbers of its own one-row step (the row's slot only offsets its state; a single sequence's step
 runs the same arithmetic on the one slot it is given). Several tokens of one sequence (prefill) run the
-torch reference (the conv's sums are the decode step's, bit for bit); the delta rule's run either the
-reference's chunked form, which solves a chunk at once, or (`sequence`) the decode step's own arithmetic
+torch reference (the conv's sums are the decode step's, bit for bit); the delta rule's run either a
+chunked form, which solves a chunk at once, the torch reference's or fla-core's (`KernelOptions.
+delta_rule_prefill`, `gufo.kernels.fla_delta_rule`), or (`sequence`) the decode step's own arithmetic
 token after token in one launch, the state held in registers, so prefill and decode agree bit for bit.
 Registered on the "cuda" backend beside the references (`gufo.kernels.causal_conv`,
 `gufo.kernels.delta_rule`), their test oracles.
@@ -17,12 +18,16 @@ import torch
 import triton
 import triton.language as tl
 
+from gufo.kernels import delta_rule, fla_delta_rule
 from gufo.kernels.causal_conv import ReferenceCausalConv1d
 from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE, CausalConvKernel, DeltaRuleKernel
-from gufo.kernels.delta_rule import ReferenceGatedDeltaRule
 from gufo.kernels.registry import Registration
 from gufo.kernels.triton.checks import check_device, check_dims, check_dtype, check_size
 from gufo.kernels.triton.dependent_launch import DependentLaunch, LaunchedKernel, wait_for_inputs
+from gufo.options import KernelOptions
+
+# KernelOptions.delta_rule_prefill -> the chunked form (delta_rule.chunked_delta_rule's contract)
+PREFILL_FORMS = {"torch": delta_rule.chunked_delta_rule, "fla": fla_delta_rule.chunked_delta_rule}
 
 CONV_BLOCK = 512  # channels per program of the conv update
 VALUE_BLOCK = 16  # value columns per program of the delta rule: a [key_dim, 16] tile (docs/decisions.md)
@@ -149,13 +154,14 @@ class TritonCausalConv1d(LaunchedKernel, CausalConvKernel):
 
 class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
     """With `sequence`, several tokens of one sequence (prefill) are one launch of the decode step's
-    arithmetic, token after token; else they run the reference's chunked form."""
+    arithmetic, token after token; else they run the chunked form `prefill` names (PREFILL_FORMS)."""
 
     name = "triton-gated-delta-rule"
 
-    def __init__(self, launch: DependentLaunch, sequence: bool = False):
+    def __init__(self, launch: DependentLaunch, sequence: bool = False, prefill: str = "torch"):
         super().__init__(launch)
         self.sequence = sequence
+        self.prefill = PREFILL_FORMS[prefill]
 
     def apply(
         self,
@@ -174,7 +180,8 @@ class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
         [T, H] -> [T, H, Dv] float32."""
         one_sequence = slots is None and q.shape[0] != 1
         if one_sequence and not self.sequence:
-            return ReferenceGatedDeltaRule.apply(q, k, v, g, beta, state, scale, None, qk_norm_eps)
+            q, k = delta_rule.scaled_queries_keys(q, k, scale, qk_norm_eps)
+            return self.prefill(q, k, v, g, beta, state)
         slot_ptr, slot_stride, one = _slot_args(state, slots, q.shape[0], 3, v)
         n_tokens, n_heads, key_dim = q.shape
         value_dim = v.shape[-1]
@@ -207,8 +214,9 @@ class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
         return out
 
 
-def registrations(launch: DependentLaunch) -> tuple[Registration, ...]:
+def registrations(launch: DependentLaunch, options: KernelOptions) -> tuple[Registration, ...]:
+    delta = TritonGatedDeltaRule(launch, prefill=options.delta_rule_prefill)
     return (
         Registration("cuda", CAUSAL_CONV1D, TritonCausalConv1d(launch)),
-        Registration("cuda", GATED_DELTA_RULE, TritonGatedDeltaRule(launch)),
+        Registration("cuda", GATED_DELTA_RULE, delta),
     )
