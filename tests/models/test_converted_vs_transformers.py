@@ -316,6 +316,36 @@ def test_mtp_drafts_are_the_blocks_and_greedy_output_is_plain(converted):
 
 
 @pytest.mark.parametrize("converted", ["qwen35"], indirect=True)
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_mtp_on_uncaptured_graph_steps_is_plain_greedy(converted, outtype, tmp_path, shared_dir):
+    """`--speculative mtp` on the decode graphs' route (a GPU's captured steps, run uncaptured here): after
+    the prompt's pass no eager pass runs, the proposer reads the trunk's rows the graph steps hand out,
+    and the output is plain greedy decoding's. F32: one graph step per token (torch's products are not
+    batch-invariant); Q8_0 (the CPU's int8 products): the drafts verified in one graph step, which
+    copies the recurrent state after each token."""
+    from gufo.engine.graphs.decode import GraphDecoder
+    from gufo.engine.params import SpeculativeParams
+    from gufo.engine.sampling import SamplingParams
+    from gufo.engine.speculative import make_speculator
+
+    model, path = converted
+    if outtype != "f32":
+        vocab, config = shared_dir / "vocab/ggml-vocab-gpt-2.gguf", {"mtp_num_hidden_layers": 1}
+        path = convert(model, tmp_path, "--outtype", outtype, gpt2_vocab=vocab, config=config)
+    engine = Engine(path, context=SEQ)
+    assert engine.batch_invariant_decode == (outtype == "q8_0")
+    engine.graph_decoder = GraphDecoder(engine.model, engine.cache, torch.device("cpu"), 4, capture=False)
+    speculator = make_speculator(engine, SpeculativeParams("mtp", draft_max=3))
+    assert engine.graph_decoder.keeps_hidden
+    passes, forward = [], engine.forward
+    engine.forward = lambda *args, **kwargs: passes.append(args) or forward(*args, **kwargs)
+    prompt, greedy = tokens(model.config.vocab_size)[:12].tolist(), SamplingParams(temperature=0.0)
+    ids = speculator.generate(prompt, 10, greedy, stop_at_eog=False).generated_ids
+    assert ids == Engine(path, context=SEQ).generate(prompt, 10, greedy, stop_at_eog=False).generated_ids
+    assert len(passes) == 1 and speculator.stats.drafted > 0  # the prompt's pass; then graph steps only
+
+
+@pytest.mark.parametrize("converted", ["qwen35"], indirect=True)
 def test_run_speculative_mtp_prints_plain_greedy_output(capsys, converted):
     _, path = converted
     common = ["run", "-m", str(path), "-p", "the cat sat on the mat", "-n", "12", "--temp", "0", "--verbose"]
