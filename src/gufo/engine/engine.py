@@ -352,9 +352,10 @@ class Engine:
         recurrent = self.cache.recurrent
         pool = self._checkpoint_pool(slot, len(tokens) - 1)
         self._checkpointed[slot] = 0  # until this pass has written the checkpoints
-        if one_pass and self.graph_decoder is not None and self.multi_token_graphs:
+        graphed = self.graph_decoder is not None  # without multi-token graphs: one graph step per token
+        if one_pass and graphed and self.multi_token_graphs:
             rows = self._graph_step(tokens, position, slot, pool).clone()  # the graph's buffer is reused
-        elif one_pass:
+        elif one_pass and not graphed:
             recurrent.keep_steps(slot, pool[: len(tokens) - 1])
             try:
                 ids = torch.tensor(list(tokens), dtype=torch.long)
