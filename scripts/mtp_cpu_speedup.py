@@ -11,7 +11,8 @@ token (eh_proj passes the normed embedding through, its block writes nearly noth
 the output norm): its drafts are the trunk's own next tokens, as a well-trained block's mostly are.
 
 Usage: python scripts/mtp_cpu_speedup.py SHAPE OUT_DIR [bench flags] (SHAPE: small, 0.8b-8); prints
-gufo bench's JSON lines (tg128 and tg128-mtp with its acceptance) for each model. Needs transformers,
+gufo bench's JSON lines (tg128 and tg128-mtp with its acceptance) for each model; `--device cuda` among
+the bench flags measures the GPU's route (graph replays, each verification one replay). Needs transformers,
 the converter download (as the tests do) and ../shared's GPT-2 vocabulary. docs/decisions.md, "Speculation
 from the file's multi-token-prediction block", has the numbers of `0.8b-8 OUT -r 3 -t 1` on the CPU.
 """

@@ -316,6 +316,69 @@ def test_mtp_drafts_are_the_blocks_and_greedy_output_is_plain(converted):
 
 
 @pytest.mark.parametrize("converted", ["qwen35"], indirect=True)
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_mtp_on_uncaptured_graph_steps_is_plain_greedy(converted, outtype, tmp_path, shared_dir):
+    """`--speculative mtp` on the decode graphs' route (a GPU's captured steps, run uncaptured here): after
+    the prompt's pass no eager pass runs, the proposer reads the trunk's rows the graph steps hand out,
+    and the output is plain greedy decoding's. F32: one graph step per token (torch's products are not
+    batch-invariant); Q8_0 (the CPU's int8 products): the drafts verified in one graph step, which
+    copies the recurrent state after each token."""
+    from gufo.engine.graphs.decode import GraphDecoder
+    from gufo.engine.params import SpeculativeParams
+    from gufo.engine.sampling import SamplingParams
+    from gufo.engine.speculative import make_speculator
+
+    model, path = converted
+    if outtype != "f32":
+        vocab, config = shared_dir / "vocab/ggml-vocab-gpt-2.gguf", {"mtp_num_hidden_layers": 1}
+        path = convert(model, tmp_path, "--outtype", outtype, gpt2_vocab=vocab, config=config)
+    engine = Engine(path, context=SEQ)
+    assert engine.batch_invariant_decode == (outtype == "q8_0")
+    engine.graph_decoder = GraphDecoder(engine.model, engine.cache, torch.device("cpu"), 4, capture=False)
+    speculator = make_speculator(engine, SpeculativeParams("mtp", draft_max=3))
+    assert engine.graph_decoder.keeps_hidden
+    passes, forward = [], engine.forward
+    engine.forward = lambda *args, **kwargs: passes.append(args) or forward(*args, **kwargs)
+    prompt, greedy = tokens(model.config.vocab_size)[:12].tolist(), SamplingParams(temperature=0.0)
+    ids = speculator.generate(prompt, 10, greedy, stop_at_eog=False).generated_ids
+    assert ids == Engine(path, context=SEQ).generate(prompt, 10, greedy, stop_at_eog=False).generated_ids
+    assert len(passes) == 1 and speculator.stats.drafted > 0  # the prompt's pass; then graph steps only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("converted", ["qwen35"], indirect=True)
+def test_mtp_on_cuda_verifies_each_draft_in_one_graph_replay(converted):
+    """`--speculative mtp` on a GPU without --eager: the verification graphs, captured up front and
+    handing out the trunk's hidden rows, replay once per step (the pending token and all its drafts, the
+    recurrent state kept after each inside the replay), no eager trunk pass runs after the prompt's and
+    no graph is captured while generating; the output is plain greedy decoding's (its own graphs)."""
+    from gufo.engine.params import SpeculativeParams
+    from gufo.engine.sampling import SamplingParams
+    from gufo.engine.speculative import make_speculator
+
+    model, path = converted
+    options = RunOptions(device="cuda")
+    engine = Engine(path, options=options, context=SEQ)
+    speculator = make_speculator(engine, SpeculativeParams("mtp", draft_max=3))
+    decoder = engine.graph_decoder
+    assert engine.model.routes()["decode_layer"] == "cuda:torch-layer-per-token"
+    assert decoder.keeps_hidden and set(decoder.graphs) == {(0, n) for n in range(1, 5)}
+    captured, replays, passes = [graph for graph, _ in decoder.graphs.values()], [], []
+    run, forward = decoder._run, engine.forward
+    decoder._run = lambda slot, n_tokens: replays.append(n_tokens) or run(slot, n_tokens)
+    engine.forward = lambda *args, **kwargs: passes.append(args) or forward(*args, **kwargs)
+    prompt, greedy = tokens(model.config.vocab_size)[:12].tolist(), SamplingParams(temperature=0.0)
+    ids = speculator.generate(prompt, 24, greedy, stop_at_eog=False).generated_ids
+    plain = Engine(path, options=options, context=SEQ)
+    assert ids == plain.generate(prompt, 24, greedy, stop_at_eog=False).generated_ids
+    assert not plain.graph_decoder.keeps_hidden  # plain decoding's graphs write their logits only
+    stats = speculator.stats
+    assert len(passes) == 1  # the prompt's; then replays of the graphs captured up front, no others
+    assert [graph for graph, _ in decoder.graphs.values()] == captured
+    assert len(replays) == stats.steps and sum(replays) == stats.steps + stats.drafted > stats.steps
+
+
+@pytest.mark.parametrize("converted", ["qwen35"], indirect=True)
 def test_run_speculative_mtp_prints_plain_greedy_output(capsys, converted):
     _, path = converted
     common = ["run", "-m", str(path), "-p", "the cat sat on the mat", "-n", "12", "--temp", "0", "--verbose"]

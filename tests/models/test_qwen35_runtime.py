@@ -200,6 +200,32 @@ def test_a_step_of_several_sequences_matches_each_alone(model_path):
             torch.testing.assert_close(rows_keys[slot, :, :length], eager_keys[slot, :, :length])
 
 
+@torch.inference_mode()
+def test_uncaptured_verification_step_keeps_states_and_hidden_rows(model_path):
+    """Several drafts of one sequence in one uncaptured pass (what a GPU's captured verification replays
+    for `--speculative mtp`): each token its eager one-token step's logits and last-layer rows (the
+    proposer's input), the checkpoints the recurrent state after each token but the last, the state
+    after the pass the state after the last token. Near, not equal: torch's CPU products of 4 rows
+    round apart from 1 row's (the GPU route's are batch-invariant)."""
+    model = build_model(open_model_file(model_path), "torch")
+    eager_cache, step_cache = model.new_cache(1, 32), model.new_cache(1, 32)
+    prompt, tokens = [1, 5, 9, 2, 7], [3, 10, 7, 12]
+    for cache in (eager_cache, step_cache):
+        model.forward(torch.tensor(prompt), cache, 0, 0)
+    steps = GraphDecoder(model, step_cache, torch.device("cpu"), max_tokens=4, capture=False)
+    steps.keep_hidden()
+    checkpoints = [step_cache.recurrent.save(0) for _ in range(len(tokens) - 1)]
+    got = steps.decode(tokens, len(prompt), 0, checkpoints)
+    for row, token in enumerate(tokens):
+        hidden = model.final_hidden(torch.tensor([token]), eager_cache, 0, len(prompt) + row)
+        torch.testing.assert_close(steps.hidden[row], hidden[-1], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got[row], model.head(hidden, True)[-1], rtol=1e-4, atol=1e-4)
+        kept = checkpoints[row] if row < len(checkpoints) else step_cache.recurrent.save(0)
+        for state, eager_state in zip(kept, eager_cache.recurrent.save(0), strict=True):
+            torch.testing.assert_close(state, eager_state, rtol=1e-4, atol=1e-4)
+    assert not step_cache.recurrent.keeping(0)  # the pass's checkpoints only
+
+
 def test_only_attention_layers_hold_kv(model_path):
     engine = Engine(model_path, context=64)
     lengths = [k.shape[2] for k in engine.cache.keys]

@@ -58,8 +58,8 @@ class HiddenRows:
     it, by position, for a proposer that reads the model's hidden state (multi-token prediction). A pass
     overwrites the rows from its first position on; the reader drops those it no longer needs."""
 
-    def __init__(self, width: int) -> None:
-        self.width = width
+    def __init__(self, width: int, device: str | torch.device = "cpu") -> None:
+        self.width, self.device = width, device
         self._start: dict[int, int] = {}  # slot -> the position of its first kept row
         self._rows: dict[int, torch.Tensor] = {}  # slot -> [kept rows, n_embd]
 
@@ -72,7 +72,8 @@ class HiddenRows:
     def take(self, slot: int, begin: int, end: int) -> torch.Tensor:
         """The rows of positions begin..end - 1 [end - begin, n_embd], zeros where no pass on the slot
         left one (a position before the sequence: -1); the rows before `end` are dropped."""
-        kept, first = self._rows.get(slot, torch.zeros(0, self.width)), self._start.get(slot, begin)
+        kept = self._rows.get(slot, torch.zeros(0, self.width, device=self.device))
+        first = self._start.get(slot, begin)
         out = kept.new_zeros(end - begin, self.width)
         lo, hi = max(begin, first), min(end, first + kept.shape[0])
         if lo < hi:
@@ -145,7 +146,7 @@ class Engine:
 
             if PrefillGraphs.supports(self.model):
                 self.prefill_graphs = PrefillGraphs(self.model, self.cache, self.graph_decoder.device)
-        # the hidden rows of eager passes, kept once a proposer asks for them (`keep_hidden_rows`)
+        # the hidden rows of every pass, kept once a proposer asks for them (`keep_hidden_rows`)
         self.hidden_rows: HiddenRows | None = None
 
     def _device(self, device: str) -> str:
@@ -219,6 +220,8 @@ class Engine:
             is_last = begin + self.batch_size >= len(tokens)
             if self.prefill_graphs is not None and len(chunk) == self.batch_size:
                 hidden = self.prefill_graphs.hidden(chunk, slot, start + begin)
+                if self.hidden_rows is not None:  # the graphs' buffer is reused: a copy
+                    self.hidden_rows.record(slot, start + begin, hidden.clone())
                 logits = self.model.head(hidden, all_logits)
             else:
                 logits = self.forward(chunk, slot, start + begin, all_logits=all_logits, per_token=per_token)
@@ -270,20 +273,32 @@ class Engine:
         return self.model.head(hidden, all_logits)
 
     def keep_hidden_rows(self) -> HiddenRows:
-        """Keep the hidden rows of every pass from now on (`HiddenRows`); they come from eager passes,
-        so captured graphs and tensor parallelism, which do not hand them out, refuse it."""
-        if self.graph_decoder is not None or self.tensor_parallel > 1:
-            where = "tensor parallelism" if self.tensor_parallel > 1 else "captured CUDA graphs (add --eager)"
-            raise BadInputError(f"the model's hidden state is not kept under {where}")
+        """Keep the hidden rows of every pass from now on (`HiddenRows`): eager passes and prefill graphs
+        hand them out, the decode graphs from then on too (`GraphDecoder.keep_hidden`: captured again,
+        so plain decoding's graphs write no more than their logits). Tensor parallelism refuses it (a
+        rank holds a shard of the passes only)."""
+        if self.tensor_parallel > 1:
+            raise BadInputError("the model's hidden state is not kept under tensor parallelism")
         if self.hidden_rows is None:
-            self.hidden_rows = HiddenRows(self.config.n_embd)
+            self.hidden_rows = HiddenRows(self.config.n_embd, self.model.device)
+            if self.graph_decoder is not None:
+                self.graph_decoder.keep_hidden()
         return self.hidden_rows
 
     def decode_step(self, token: int, position: int, slot: int) -> torch.Tensor:
         """Logits (on the device) of one token: a captured-graph replay on a GPU, else one eager pass."""
         if self.graph_decoder is not None:
-            return self.graph_decoder.decode([token], position, slot)[-1]
+            return self._graph_step([token], position, slot)[-1]
         return self._eager_pass(torch.tensor([token]), slot, position)[-1]
+
+    def _graph_step(
+        self, tokens: Sequence[int], position: int, slot: int, checkpoints: list | None = None
+    ) -> torch.Tensor:
+        """`GraphDecoder.decode`'s logits (its buffer), its hidden rows kept where a proposer asked."""
+        logits = self.graph_decoder.decode(tokens, position, slot, checkpoints)
+        if self.hidden_rows is not None:  # the graph's buffer is reused: a copy
+            self.hidden_rows.record(slot, position, self.graph_decoder.hidden.clone())
+        return logits
 
     def snapshot(self, slot: int, length: int) -> CacheSnapshot:
         """`KVCache.snapshot`."""
@@ -318,13 +333,13 @@ class Engine:
         limit = self.model.decode_route.max_tokens or len(tokens)
         one_pass = self.batch_invariant_decode and 1 < len(tokens) <= limit
         if self.cache.recurrent is not None:
-            return self._decode_recurrent(tokens, position, slot, one_pass and self.graph_decoder is None)
+            return self._decode_recurrent(tokens, position, slot, one_pass)
         # a lone token (nothing drafted) is a plain decode step: a graph replay on GPUs
         if not one_pass:
             steps = (self.decode_step(t, position + i, slot).clone() for i, t in enumerate(tokens))
             return torch.stack(list(steps))
         if self.graph_decoder is not None and self.multi_token_graphs:
-            return self.graph_decoder.decode(tokens, position, slot).clone()  # the graph's buffer is reused
+            return self._graph_step(tokens, position, slot).clone()  # the graph's buffer is reused
         ids = torch.tensor(list(tokens), dtype=torch.long)
         return self.forward(ids, slot, position, all_logits=True, per_token=True)
 
@@ -332,15 +347,15 @@ class Engine:
         self, tokens: Sequence[int], position: int, slot: int, one_pass: bool
     ) -> torch.Tensor:
         """`decode_tokens` with recurrent state, checkpointed after each token but the last for
-        `keep_tokens`: in one batch-invariant pass whose layers step token by token (eager), else one
-        decode step per token (a graph replays one token's step: keeping the state after each token of
-        a multi-token replay is not captured)."""
+        `keep_tokens`: in one batch-invariant pass whose layers step token by token (one graph replay on
+        a GPU, the checkpoints copied inside it), else one decode step per token."""
         recurrent = self.cache.recurrent
-        pool = self._checkpoints.setdefault(slot, [])
-        while len(pool) < len(tokens) - 1:
-            pool.append(recurrent.save(slot))  # a buffer: its values are overwritten before any read
+        pool = self._checkpoint_pool(slot, len(tokens) - 1)
         self._checkpointed[slot] = 0  # until this pass has written the checkpoints
-        if one_pass:
+        graphed = self.graph_decoder is not None  # without multi-token graphs: one graph step per token
+        if one_pass and graphed and self.multi_token_graphs:
+            rows = self._graph_step(tokens, position, slot, pool).clone()  # the graph's buffer is reused
+        elif one_pass and not graphed:
             recurrent.keep_steps(slot, pool[: len(tokens) - 1])
             try:
                 ids = torch.tensor(list(tokens), dtype=torch.long)
@@ -357,11 +372,23 @@ class Engine:
         self._checkpointed[slot] = len(tokens) - 1
         return rows
 
+    def _checkpoint_pool(self, slot: int, count: int) -> list[list[torch.Tensor]]:
+        """The slot's checkpoint buffers, at least `count`; grown by appending, so a buffer stays the
+        same tensors from pass to pass (a captured verification step writes into those it saw)."""
+        pool = self._checkpoints.setdefault(slot, [])
+        while len(pool) < count:
+            pool.append(self.cache.recurrent.save(slot))  # values overwritten before any read
+        return pool
+
     def prepare_verification(self, n_tokens: int, slot: int = 0) -> None:
         """Capture now the graphs that `decode_tokens` replays for up to `n_tokens` tokens on `slot` (one
         per count), so the first speculative steps do not pay for captures."""
-        if self.graph_decoder is not None and self.multi_token_graphs and self.cache.recurrent is None:
+        if self.graph_decoder is None or not self.multi_token_graphs:
+            return
+        if self.cache.recurrent is None:
             self.graph_decoder.prepare(slot, n_tokens)
+        elif self.batch_invariant_decode:  # as `_decode_recurrent` replays them, checkpoints and all
+            self.graph_decoder.prepare(slot, n_tokens, self._checkpoint_pool(slot, n_tokens - 1))
 
     @property
     def rewindable(self) -> bool:

@@ -389,19 +389,26 @@ def make_speculators(
     engine: Engine, params: SpeculativeParams, draft_model: str | None = None
 ) -> list[Speculator]:
     """One Speculator per KV slot of `engine`, each with its own proposer state; a draft model gets
-    as many slots, slot i drafting for the target's slot i."""
+    as many slots, slot i drafting for the target's slot i. The verification graphs are captured after
+    the proposers are made: an MTP proposer has the graphs hand out hidden rows, which captures them
+    again (`Engine.keep_hidden_rows`)."""
     n_slots = engine.cache.n_slots
+    check_proposer(engine.file, params, draft_model)
+    proposers = _proposers(engine, params, draft_model)
     for slot in range(n_slots):  # the last sampled token plus at most draft_max drafts per pass
         engine.prepare_verification(params.draft_max + 1, slot)
-    check_proposer(engine.file, params, draft_model)
+    return [Speculator(engine, proposer) for proposer in proposers]
+
+
+def _proposers(engine: Engine, params: SpeculativeParams, draft_model: str | None) -> list[Proposer]:
+    """The mode's proposer of each slot of `engine`."""
+    n_slots = engine.cache.n_slots
     if params.mode == "ngram":
-        return [Speculator(engine, NgramProposer(params)) for _ in range(n_slots)]
+        return [NgramProposer(params) for _ in range(n_slots)]
     if params.mode == "mtp":
         block = multi_token_prediction(engine)
         cache = block.new_cache(n_slots, engine.context)
-        return [
-            Speculator(engine, MtpProposer(engine, block, cache, params, slot)) for slot in range(n_slots)
-        ]
+        return [MtpProposer(engine, block, cache, params, slot) for slot in range(n_slots)]
     draft = Engine(
         draft_model,
         replace(engine.options, device=engine.device),
@@ -409,7 +416,7 @@ def make_speculators(
         n_slots=n_slots,
         batch_size=engine.batch_size,
     )
-    return [Speculator(engine, DraftModelProposer(draft, engine, params, slot)) for slot in range(n_slots)]
+    return [DraftModelProposer(draft, engine, params, slot) for slot in range(n_slots)]
 
 
 def make_speculator(engine: Engine, params: SpeculativeParams, draft_model: str | None = None) -> Speculator:

@@ -40,6 +40,10 @@ class RecurrentState:
         goes into buffers[t] (laid out as `save`'s result), for t < len(buffers); None stops it."""
         self._steps = None if buffers is None else (slot, buffers)
 
+    def keeping(self, slot: int) -> bool:
+        """Whether a pass on `slot` is to keep the state after its tokens (`keep_steps`)."""
+        return self._steps is not None and self._steps[0] == slot and bool(self._steps[1])
+
     def stepped(self, layer: int, slot: int, token: int) -> None:
         """A recurrent layer has advanced `slot` by token `token` of its pass (see `keep_steps`)."""
         if self._steps is None or self._steps[0] != slot or token >= len(self._steps[1]):

@@ -7,14 +7,17 @@ Graphs are captured lazily per (slot, number of tokens): one token for plain dec
 verifying speculative drafts (the decode-layer kernel gives each token its one-token numbers), and per
 number of rows for one step of several sequences (a server's batch: each row's slot is a device tensor
 too, so one graph serves any set of slots; past 16 rows, per bucket of rows: `rows`). They share one
-memory pool; the only host synchronisation of a step is reading its logits back.
+memory pool; the only host synchronisation of a step is reading its logits back. Once a proposer reads
+the trunk's hidden state (multi-token prediction, `keep_hidden`), each graph also hands out its last
+layer's output rows, from a static buffer of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import torch
@@ -26,6 +29,8 @@ from gufo.models.layers import DevicePosition
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Outputs = tuple[torch.Tensor, torch.Tensor | None]  # a step's logits, and its hidden rows where kept
+Checkpoints = list[list[torch.Tensor]]  # per token, a recurrent state's copy (`RecurrentState.save`)
 ROWS = -1  # the graphs' slot key of steps of several sequences (their slots are device inputs)
 
 
@@ -58,19 +63,32 @@ class GraphDecoder:
         # token ids, positions, and the slots of a step of several sequences
         self.inputs = torch.zeros(3, max_tokens, dtype=torch.long, device=device)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
-        # (slot, tokens) of one sequence's step, (ROWS, rows) of a step of several
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (slot, tokens) of one sequence's step, (ROWS, rows) of a step of several: graph, logits, hidden
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Outputs]] = {}
         self.capture_seconds = 0.0
+        self.keeps_hidden = False  # whether steps hand out their hidden rows too (`keep_hidden`)
+        self.hidden: torch.Tensor | None = None  # the latest step's hidden rows, while `keeps_hidden`
 
-    def _forward(self, slot: int, n_tokens: int) -> torch.Tensor:
+    def keep_hidden(self) -> None:
+        """From now on each step also hands out the last layer's output rows [T, n_embd] (before the
+        output norm) in `hidden`; graphs captured before, which do not write them, are dropped."""
+        if not self.keeps_hidden:
+            if self.graphs:
+                self.release()
+            self.keeps_hidden = True
+
+    def _forward(self, slot: int, n_tokens: int) -> Outputs:
         tokens, index = self.inputs[0, :n_tokens], self.inputs[1, :n_tokens]
         if slot == ROWS:  # the pass's slot is not read: each row's is in the inputs
             slot, where = 0, DevicePosition(index, self.inputs[2, :n_tokens])
         else:
             where = DevicePosition(index)
-        return self.model.forward(tokens, self.cache, slot, where, all_logits=True, per_token=True)
+        if not self.keeps_hidden:
+            return self.model.forward(tokens, self.cache, slot, where, all_logits=True, per_token=True), None
+        hidden = self.model.final_hidden(tokens, self.cache, slot, where, per_token=True)
+        return self.model.head(hidden, all_logits=True), hidden
 
-    def _capture(self, slot: int, n_tokens: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, slot: int, n_tokens: int) -> tuple[torch.cuda.CUDAGraph, Outputs]:
         started = time.perf_counter()
         # recurrent state advances on every run, unlike KV writes: the replay must start from it unchanged
         stepped = self.inputs[2, :n_tokens].tolist() if slot == ROWS else [slot]
@@ -81,11 +99,11 @@ class GraphDecoder:
         with torch.cuda.stream(side):
             self._forward(slot, n_tokens)  # warm-up outside the graph: lazy allocations, kernel autotuning
             self._load_states(saved)
-            logits = record(graph, self.pool, lambda: self._forward(slot, n_tokens))
+            outputs = record(graph, self.pool, lambda: self._forward(slot, n_tokens))
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.capture_seconds += time.perf_counter() - started
         log.debug("captured decode graph slot=%d tokens=%d", slot, n_tokens)
-        return graph, logits
+        return graph, outputs
 
     def _saved_states(self, slots: Sequence[int]) -> list[tuple[int, list[torch.Tensor]]]:
         """Copies of the recurrent state of `slots` (none without recurrent state)."""
@@ -96,15 +114,17 @@ class GraphDecoder:
         for slot, state in saved:
             self.cache.recurrent.load(slot, state)
 
-    def prepare(self, slot: int, n_tokens: int) -> None:
+    def prepare(self, slot: int, n_tokens: int, checkpoints: Checkpoints | None = None) -> None:
         """Capture the graphs of 1..n_tokens tokens on `slot` now (their warm-ups write KV at the end of
-        the cache, which a sequence overwrites before it reads there), so timed steps replay them."""
+        the cache, which a sequence overwrites before it reads there), so timed steps replay them;
+        `checkpoints` as `decode`'s."""
         context = self.cache.context
         for count in range(1, min(n_tokens, self.max_tokens, context) + 1 if self.capture else 0):
             if (slot, count) not in self.graphs:
                 self.inputs[0, :count].zero_()
                 self.inputs[1, :count].copy_(torch.arange(context - count, context))
-                self.graphs[slot, count] = self._capture(slot, count)
+                with self._keeping_steps(slot, count, checkpoints):
+                    self.graphs[slot, count] = self._capture(slot, count)
 
     def release(self) -> None:
         """Free every captured graph (they are captured again on demand)."""
@@ -113,9 +133,14 @@ class GraphDecoder:
             graph.reset()
         self.graphs.clear()
 
-    def decode(self, tokens: Sequence[int], position: int, slot: int) -> torch.Tensor:
+    def decode(
+        self, tokens: Sequence[int], position: int, slot: int, checkpoints: Checkpoints | None = None
+    ) -> torch.Tensor:
         """Logits [T, vocab] (on the device) of consecutive `tokens` from `position`; writes their KV
-        like eager steps. T is at most `max_tokens`."""
+        like eager steps. T is at most `max_tokens`. With recurrent state, `checkpoints` (at least T - 1
+        buffers laid out as `RecurrentState.save`'s) receive the slot's state after each token but the
+        last, in the same pass (`RecurrentState.keep_steps`): a graph writes into the buffers it was
+        captured with, so a slot's must stay the same tensors from call to call."""
         n_tokens = len(tokens)
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"{n_tokens} tokens in one graph step (1 to {self.max_tokens})")
@@ -126,7 +151,20 @@ class GraphDecoder:
         else:  # one copy (drafts are verified after the previous step's logits were read anyway)
             given = torch.tensor([list(tokens), list(range(position, position + n_tokens))])
             self.inputs[:2, :n_tokens].copy_(given)  # the slots row is only a batch's
-        return self._run(slot, n_tokens)
+        with self._keeping_steps(slot, n_tokens, checkpoints):
+            return self._run(slot, n_tokens)
+
+    @contextlib.contextmanager
+    def _keeping_steps(self, slot: int, n_tokens: int, checkpoints: Checkpoints | None) -> Iterator[None]:
+        """The recurrent state's `keep_steps` of a step of `n_tokens` tokens on `slot`, for its duration."""
+        if checkpoints is None or n_tokens == 1:
+            yield
+            return
+        self.cache.recurrent.keep_steps(slot, checkpoints[: n_tokens - 1])
+        try:
+            yield
+        finally:
+            self.cache.recurrent.keep_steps(slot, None)
 
     def decode_rows(
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]
@@ -159,13 +197,15 @@ class GraphDecoder:
                 self._load_states(saved)
 
     def _run(self, slot: int, n_tokens: int) -> torch.Tensor:
-        """The step of `n_tokens` tokens on `slot` (ROWS: one row per slot in the inputs), replayed from
-        its graph (captured on first use), or run op by op without capture."""
+        """The logits of the step of `n_tokens` tokens on `slot` (ROWS: one row per slot in the inputs),
+        replayed from its graph (captured on first use), or run op by op without capture; its hidden
+        rows go to `hidden` where kept."""
         if not self.capture:
-            return self._forward(slot, n_tokens)
+            logits, self.hidden = self._forward(slot, n_tokens)
+            return logits
         key = (slot, n_tokens)
         if key not in self.graphs:
             self.graphs[key] = self._capture(slot, n_tokens)
-        graph, logits = self.graphs[key]
+        graph, (logits, self.hidden) = self.graphs[key]
         graph.replay()
         return logits

@@ -148,10 +148,11 @@ class GatedDeltaNet:
         slot: int,
         start_pos: int | DevicePosition | TokenPositions,
     ) -> torch.Tensor:
-        """With `TokenPositions` each token after the (batched) input projections runs the mixer as its
-        own one-token step would, conv and delta-rule state advanced token by token (and kept after each
-        where the state's `keep_steps` asks). With a `DevicePosition` of several slots each token is the
-        next of its own slot's sequence, all in one pass of the kernels."""
+        """With `TokenPositions`, or where the state's `keep_steps` asks for the state after each token
+        (a captured verification step), each token after the (batched) input projections runs the mixer
+        as its own one-token step would, conv and delta-rule state advanced token by token (and kept
+        after each where asked). With a `DevicePosition` of several slots each token is the next of its
+        own slot's sequence, all in one pass of the kernels."""
         state = cache.recurrent
         rows = start_pos.slots if isinstance(start_pos, DevicePosition) else None
         if rows is None:
@@ -159,7 +160,7 @@ class GatedDeltaNet:
         else:
             conv, delta = state.conv[layer], state.delta[layer]
         projected = self.project(x)
-        if isinstance(start_pos, TokenPositions):
+        if isinstance(start_pos, TokenPositions) or (rows is None and state.keeping(slot)):
             steps = []
             for t in range(x.shape[0]):
                 steps.append(self.mix(*(p[t : t + 1] for p in projected), conv, delta))
@@ -433,6 +434,6 @@ class Qwen35Model(DecoderModel):
             raise TypeError(f"{self.config.architecture} needs the cache of its new_cache (recurrent state)")
         if not isinstance(start_pos, DevicePosition):
             cache.recurrent.start(slot, start_pos)
-        elif start_pos.slots is None:
-            cache.recurrent.start(slot, start_pos.index)
+        elif start_pos.slots is None:  # the first token's position (a verification step has several)
+            cache.recurrent.start(slot, start_pos.index[:1])
         return super().final_hidden(tokens, cache, slot, start_pos, per_token)
