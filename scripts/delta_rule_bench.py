@@ -2,12 +2,12 @@
 Gated DeltaNet, each checked against a float64 run of the recurrent form.
 
 One layer: 16 key heads of 128 tiled over 48 value heads (the qwen35 model's order), 128 x 128 state per
-value head (`gufo synth` preset qwen35 27b). Both routes go through the registered kernel
+value head (`gufo synth` preset qwen35 27b). Every route goes through the registered kernel
 (`TritonGatedDeltaRule`, as the engine calls it: l2norm with eps 1e-6 and scale 1/sqrt(128) inside) on
 the model's input forms (raw q and k, strided v rows, g = -exp(A_log) softplus(a + dt_bias), beta =
 sigmoid(b), a carried-in state). Per token count a row: µs of each route (median of
-triton.testing.do_bench; also the Triton kernel's `sequence` form, the decode step over the tokens in one
-launch), `faster` (fla or torch), `norm_rel` (|out - exact| / |exact|) of outputs and final states, and
+triton.testing.do_bench: fla, torch, and recurrent, the Triton decode step over the tokens in one launch),
+`faster` (the fastest of the three), `norm_rel` (|out - exact| / |exact|) of outputs and final states, and
 fla's `out_sha256` (two runs with the same digest: fla's prefill is deterministic). Needs a GPU and
 fla-core (`pip install 'gufo[cuda]'`):
 
@@ -27,7 +27,8 @@ import triton
 
 from gufo.kernels.delta_rule import recurrent_delta_rule, scaled_queries_keys
 from gufo.kernels.triton.dependent_launch import DependentLaunch
-from gufo.kernels.triton.recurrent import PREFILL_FORMS, TritonGatedDeltaRule
+from gufo.kernels.triton.recurrent import TritonGatedDeltaRule
+from gufo.options import DELTA_RULE_PREFILLS
 
 VALUE_HEADS, KEY_HEADS, KEY_DIM, VALUE_DIM = 48, 16, 128, 128  # Qwen3.5-27B linear attention
 SCALE, EPS = KEY_DIM**-0.5, 1e-6
@@ -67,11 +68,10 @@ def norm_rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def kernels() -> dict[str, TritonGatedDeltaRule]:
-    """The prefill routes (KernelOptions.delta_rule_prefill) and, for reference, `sequence`: the decode
-    step's arithmetic over the tokens in one launch (bit for bit the decode steps)."""
+    """The prefill routes (KernelOptions.delta_rule_prefill): the chunked forms and "recurrent", the
+    decode step's arithmetic over the tokens in one launch (bit for bit the decode steps)."""
     launch = DependentLaunch(enabled=True)
-    routes = {route: TritonGatedDeltaRule(launch, prefill=route) for route in PREFILL_FORMS}
-    return {**routes, "sequence": TritonGatedDeltaRule(launch, sequence=True)}
+    return {route: TritonGatedDeltaRule(launch, prefill=route) for route in DELTA_RULE_PREFILLS}
 
 
 def measure(
@@ -121,8 +121,8 @@ def main() -> None:
                 continue
             if route == "fla":
                 row["out_sha256"] = hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()
-        timed = {route: row[route]["us"] for route in PREFILL_FORMS if "us" in row[route]}
-        row["faster"] = min(timed, key=timed.get) if len(timed) == len(PREFILL_FORMS) else None  # of the two
+        timed = {route: row[route]["us"] for route in DELTA_RULE_PREFILLS if "us" in row[route]}
+        row["faster"] = min(timed, key=timed.get) if len(timed) == len(DELTA_RULE_PREFILLS) else None
         rows.append(row)
         print(json.dumps(row), flush=True)
     report = {

@@ -20,7 +20,7 @@ DEFAULT_INT8_MIN_WEIGHTS = 2**21
 # how the GPU's decode products of int8 activation rows run (KernelOptions.row_products)
 ROW_PRODUCTS = ("vector", "tensor")
 # how the GPU's gated delta rule runs several tokens of one sequence (KernelOptions.delta_rule_prefill)
-DELTA_RULE_PREFILLS = ("fla", "torch")
+DELTA_RULE_PREFILLS = ("fla", "torch", "recurrent")
 FLA_MISSING = (
     "delta rule prefill fla: fla-core {}; pip install 'gufo[cuda]' or pass --delta-rule-prefill torch"
 )

@@ -54,7 +54,7 @@ def test_fla_requested_without_fla_is_one_error_line(monkeypatch):
 
 
 def test_unknown_route_is_refused():
-    with pytest.raises(BadInputError, match="expected one of fla, torch, got 'triton'"):
+    with pytest.raises(BadInputError, match="expected one of fla, torch, recurrent, got 'triton'"):
         KernelOptions(delta_rule_prefill="triton")
 
 

@@ -24,7 +24,7 @@ from gufo.kernels.triton.recurrent import TritonCausalConv1d, TritonGatedDeltaRu
 
 LAUNCH = DependentLaunch(enabled=True)  # dependent launches where the device has them (never here)
 CONV, DELTA = TritonCausalConv1d(LAUNCH), TritonGatedDeltaRule(LAUNCH)
-DELTA_SEQUENCE = TritonGatedDeltaRule(LAUNCH, sequence=True)
+DELTA_SEQUENCE = TritonGatedDeltaRule(LAUNCH, prefill="recurrent")
 SLOTS = (2, 0, 3)  # rows into three of four slots, out of order; slot 1 is no row's
 
 

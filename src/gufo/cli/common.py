@@ -160,9 +160,11 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         choices=DELTA_RULE_PREFILLS,
         default=None,
         help="GPU: how the Gated DeltaNet layers (qwen35, qwen35moe, qwen3next) run several tokens of one "
-        "sequence: fla (fla-core's chunked Triton kernels, pip install 'gufo[cuda]') or torch (gufo's "
-        "chunked torch form); decode steps run gufo's Triton step either way (default fla on a CUDA "
-        "build of torch with fla-core installed, else torch)",
+        "sequence: fla (fla-core's chunked Triton kernels, pip install 'gufo[cuda]'), torch (gufo's "
+        "chunked torch form) or recurrent (gufo's Triton decode step over the tokens in one launch: "
+        "prefill's states bit for bit decode's, whatever the chunking); decode steps run gufo's "
+        "Triton step either way (default fla on a CUDA build of torch with fla-core installed, else "
+        "torch)",
     )
 
 

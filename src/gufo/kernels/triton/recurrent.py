@@ -153,15 +153,15 @@ class TritonCausalConv1d(LaunchedKernel, CausalConvKernel):
 
 
 class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
-    """With `sequence`, several tokens of one sequence (prefill) are one launch of the decode step's
-    arithmetic, token after token; else they run the chunked form `prefill` names (PREFILL_FORMS)."""
+    """Several tokens of one sequence (prefill) run the chunked form `prefill` names (PREFILL_FORMS), or
+    with prefill "recurrent" one launch of the decode step's arithmetic, token after token."""
 
     name = "triton-gated-delta-rule"
 
-    def __init__(self, launch: DependentLaunch, sequence: bool = False, prefill: str = "torch"):
+    def __init__(self, launch: DependentLaunch, prefill: str = "torch"):
         super().__init__(launch)
-        self.sequence = sequence
-        self.prefill = PREFILL_FORMS[prefill]
+        self.sequence = prefill == "recurrent"
+        self.prefill = PREFILL_FORMS.get(prefill)
 
     def apply(
         self,
@@ -176,8 +176,8 @@ class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
         qk_norm_eps: float | None = None,
     ) -> torch.Tensor:
         """The reference's contract (`gufo.kernels.delta_rule`), one launch for tokens of distinct
-        sequences, a lone token or (`sequence`) the tokens of one: q, k [T, H, Dk], v [T, H, Dv], g, beta
-        [T, H] -> [T, H, Dv] float32."""
+        sequences, a lone token or (prefill "recurrent") the tokens of one: q, k [T, H, Dk], v [T, H,
+        Dv], g, beta [T, H] -> [T, H, Dv] float32."""
         one_sequence = slots is None and q.shape[0] != 1
         if one_sequence and not self.sequence:
             q, k = delta_rule.scaled_queries_keys(q, k, scale, qk_norm_eps)
