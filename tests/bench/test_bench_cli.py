@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from gufo.engine.engine import Engine
-from gufo.options import default_delta_rule_prefill
+from gufo.options import DEFAULT_DELTA_RULE_PREFILL
 from tests.conftest import gufo
 
 
@@ -119,7 +119,7 @@ def test_rows_carry_the_run_options_from_flags_and_environment(capsys, monkeypat
     assert row["options"] == {
         "device": "cpu", "graphs": False, "threads": None, "mmap": True, "int8_min_weights": 4096,
         "dependent_launch": False, "row_products": "vector",
-        "delta_rule_prefill": default_delta_rule_prefill(),  # tests/kernels/test_fla_delta_rule.py
+        "delta_rule_prefill": DEFAULT_DELTA_RULE_PREFILL,
     }  # fmt: skip
     code, out, _ = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1",
                         "--int8-min-weights", "0", "--row-products", "tensor",

@@ -29,17 +29,10 @@ def fla_found(monkeypatch: pytest.MonkeyPatch, found: bool) -> None:
     monkeypatch.setattr(options, "find_spec", lambda name: spec)
 
 
-@pytest.mark.parametrize(
-    ("cuda", "hip", "found", "route"),
-    [("12.8", None, True, "fla"), ("12.8", None, False, "torch"), (None, "7.1", True, "torch"),
-     (None, None, True, "torch")],
-    ids=["cuda-with-fla", "cuda-without-fla", "rocm", "cpu-build"],
-)  # fmt: skip
-def test_default_is_fla_only_on_cuda_builds_with_fla(monkeypatch, cuda, hip, found, route):
-    monkeypatch.setattr(torch.version, "cuda", cuda)
-    monkeypatch.setattr(torch.version, "hip", hip)
+@pytest.mark.parametrize("found", [True, False], ids=["with-fla", "without-fla"])
+def test_default_is_the_recurrent_step_fla_or_not(monkeypatch, found):
     fla_found(monkeypatch, found)
-    assert KernelOptions().delta_rule_prefill == route
+    assert KernelOptions().delta_rule_prefill == "recurrent"
     assert KernelOptions(delta_rule_prefill="torch").delta_rule_prefill == "torch"
 
 

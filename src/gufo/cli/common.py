@@ -163,8 +163,7 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         "sequence: fla (fla-core's chunked Triton kernels, pip install 'gufo[cuda]'), torch (gufo's "
         "chunked torch form) or recurrent (gufo's Triton decode step over the tokens in one launch: "
         "prefill's states bit for bit decode's, whatever the chunking); decode steps run gufo's "
-        "Triton step either way (default fla on a CUDA build of torch with fla-core installed, else "
-        "torch)",
+        "Triton step either way (default recurrent)",
     )
 
 

@@ -1,5 +1,5 @@
 """The gated delta rule's chunked (prefill) form by fla-core's Triton kernels (`KernelOptions.
-delta_rule_prefill` "fla"; docs/decisions.md, "Gated delta rule prefill: fla-core on CUDA").
+delta_rule_prefill` "fla"; docs/decisions.md, "Gated delta rule prefill").
 
 `chunked_delta_rule` has the contract of `gufo.kernels.delta_rule.chunked_delta_rule`: q already scaled
 and L2-normalised by the caller (gufo's own l2norm, whose eps is the model's; fla's in-kernel l2norm has
