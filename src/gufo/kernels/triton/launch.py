@@ -167,9 +167,9 @@ MAX_TENSOR_ROWS = rows_int8.MAX_TENSOR_ROWS
 # scratch for sm_90 (`gufo kernels own --target sm_90`)
 TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 8)}
 TENSOR_STEP = 256
-# warps of the prefill tiles (rows_int8.PREFILL_BLOCK_M rows): on 4 warps Q4_K's 64 x 64 spilled 336
-# bytes and Q6_K's 856 to the stack for sm_90 (`gufo kernels own`); BLOCK_N and the split of K stay the
-# decode ones, so that each row's arithmetic is a decode row's
+# warps of the prefill tiles (rows_int8.PREFILL_BLOCK_M rows): Q4_K's 64 x 64 on 4 warps spilled 336 bytes
+# of scratch for sm_90 (`gufo kernels own`); BLOCK_N and the split of K stay the decode ones, so that each
+# row's arithmetic is a decode row's
 PREFILL_TENSOR_WARPS = 8
 
 
