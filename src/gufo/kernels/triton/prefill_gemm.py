@@ -1,7 +1,6 @@
-"""The prefill route of the Triton products (M > launch.MAX_BLOCK_M rows, except on the tensor-core
-rows: `launch.skinny`): dequantize the matrix on the device (one Triton pass of the format's tile
-code), then one cuBLAS product on the tensor cores with float32 accumulation (docs/decisions.md,
-"Prefill products: dequantize, then cuBLAS")."""
+"""The prefill route of the Triton products (M > launch.MAX_BLOCK_M rows): dequantize the matrix on the
+device (one Triton pass of the format's tile code), then one cuBLAS product on the tensor cores with
+float32 accumulation (docs/decisions.md, "Prefill products: dequantize, then cuBLAS")."""
 
 from __future__ import annotations
 
