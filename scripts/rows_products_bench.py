@@ -13,19 +13,12 @@ weights times the rows' int8 values): PASS/FAIL lines, exit 1 on a FAIL.
 
     python scripts/rows_products_bench.py --json rows_products.json      # an H200: about 2 minutes
     python scripts/rows_products_bench.py --sweep --json tiles.json       # tensor tiles (BLOCK_N, warps)
-    python scripts/rows_products_bench.py --prefill --json prefill.json   # prefill rows (64-row tiles)
     python scripts/rows_products_bench.py --device cpu --tiny             # smoke check: the interpreter
 
 --sweep times the tensor route alone at M = 1 and 16 on the three layer shapes for each (BLOCK_N,
 num_warps) of SWEEP_TILES (all compiled without scratch for sm_90: `gufo kernels own`) and each split
 of K of SWEEP_SPLITS, to pick launch.TENSOR_TILES (and whether the route wants more K splits than
 launch._splits gives: its tiles are 8 to 16 times wider than the vector kernels').
-
---prefill times products of M = 512 and 2048 rows (prefill chunks) on the three layer shapes: the tensor
-route (its 64-row tiles) against the dense prefill route that `--row-products vector` takes
-(prefill_gemm.prefill_product of float32 rows: dequantize to float16, round the rows to their int8
-values, cuBLAS); and checks that 512 rows in one product are bit for bit the rows of 16-row products
-and of one-row ones.
 """
 
 from __future__ import annotations
@@ -43,9 +36,6 @@ FORMATS = ["Q4_K", "Q6_K", "Q8_0"]
 SHAPES = [(4096, 4096), (12288, 4096), (4096, 12288), (151936, 4096)]  # (N, K)
 TINY_SHAPES = [(72, 512)]
 ROWS = [1, 2, 4, 8, 16, 32, 64]
-PREFILL_ROWS = [512, 2048]  # --prefill: rows per product
-PREFILL_CHECK_ROWS = (16, 512)  # --prefill: rows per product whose results must equal each row alone
-TINY_PREFILL_ROWS = [70]  # a 64-row tile and a tail
 CHECK_ROWS = (1, 5, 16, 64)  # rows per product whose results must equal each row alone
 TINY_CHECK_ROWS = (1, 5, 16)
 # (BLOCK_N, num_warps) of rows_int8 with no stack frame for sm_90 (Triton 3.6, all three formats)
@@ -62,7 +52,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the interpreter")
     parser.add_argument("--tiny", action="store_true", help=f"tiny shapes {TINY_SHAPES} (smoke check)")
     parser.add_argument("--sweep", action="store_true", help="time the tensor route's tiles instead")
-    parser.add_argument("--prefill", action="store_true", help="time prefill rows: tensor against dense")
     parser.add_argument("--json", help="also write the rows and checks to this file")
     return parser.parse_args()
 
@@ -82,18 +71,15 @@ class Setup:
         self.launch = DependentLaunch(enabled=True)  # as the engine runs them
         self.device = device
 
-    def activations(self, m: int) -> Any:
-        """m float32 rows of activations."""
-        import torch
-
-        k = self.info.shape[1]
-        return torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(self.device)
-
     def rows(self, m: int) -> Any:
         """m rows of activations, quantized to `Int8Rows`."""
+        import torch
+
         from gufo.kernels.triton.gemv_int8 import quantize_rows
 
-        return quantize_rows(self.activations(m), self.launch)
+        k = self.info.shape[1]
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(self.device)
+        return quantize_rows(x, self.launch)
 
     def product(self, rows: Any, tensor: bool, weight: Any = None, splits: int | None = None) -> Any:
         from gufo.kernels.triton.launch import gemv
@@ -103,22 +89,12 @@ class Setup:
     def time(self, m: int, tensor: bool, splits: int | None = None) -> dict[str, Any]:
         rows = self.rows(m)
         calls = [lambda w=w: self.product(rows, tensor, w, splits) for w in self.weights]
-        return self.timed(m, "tensor" if tensor else "vector", calls)
-
-    def time_dense(self, m: int) -> dict[str, Any]:
-        """The dense prefill route's product of m float32 rows (what `--row-products vector` takes)."""
-        from gufo.kernels.triton.prefill_gemm import prefill_product
-
-        x = self.activations(m)
-        return self.timed(m, "dense", [lambda w=w: prefill_product(x, w, 0) for w in self.weights])
-
-    def timed(self, m: int, route: str, calls: list[Any]) -> dict[str, Any]:
         seconds = median_seconds(calls, self.device, REP_MS)
         n, k = self.info.shape
         nbytes = self.info.data.nbytes
+        route = "tensor" if tensor else "vector"
         return {"format": self.info.qtype.name, "N": n, "K": k, "M": m, "route": route,
-                "us": seconds * 1e6, "gbps": nbytes / seconds / 1e9,
-                "tops": 2 * m * n * k / seconds / 1e12}  # fmt: skip
+                "us": seconds * 1e6, "gbps": nbytes / seconds / 1e9}  # fmt: skip
 
     def check(self, oracle: bool, counts: tuple[int, ...]) -> list[dict[str, Any]]:
         """Rows of max(counts) in products of `counts` rows against each row alone (bit for bit), and
@@ -170,28 +146,11 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     return results
 
 
-def prefill(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Prefill rows on the three layer shapes: the dense route and the tensor route, timed; the rows
-    of the largest PREFILL_CHECK_ROWS product checked against 16-row and one-row products."""
-    rows, checks = [], []
-    for name in args.formats:
-        for n, k in TINY_SHAPES if args.tiny else SHAPES[:3]:
-            setup = Setup(name, n, k, args.device)
-            for m in TINY_PREFILL_ROWS if args.tiny else PREFILL_ROWS:
-                rows += [setup.time_dense(m), setup.time(m, True)]
-                print(json.dumps(rows[-2]), json.dumps(rows[-1]), sep="\n", flush=True)
-            counts = (16, *TINY_PREFILL_ROWS) if args.tiny else PREFILL_CHECK_ROWS
-            checks += setup.check(oracle=(n, k) in (SHAPES[0], TINY_SHAPES[0]), counts=counts)
-    return rows, checks
-
-
 def main() -> int:
     args = parse_args()
     use_device(args.device)
     if args.sweep:
         rows, checks = sweep(args), []
-    elif args.prefill:
-        rows, checks = prefill(args)
     else:
         rows, checks = [], []
         for name in args.formats:
@@ -216,16 +175,14 @@ def main() -> int:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """us per product, the other route (vector, or dense with --prefill) / tensor, one line per format
-    and shape, one column per M."""
+    """us per product, vector / tensor, one line per format and shape, one column per M."""
     ms = sorted({r["M"] for r in rows})
-    other = next(r["route"] for r in rows if r["route"] != "tensor")
     lines = ["| format | N x K | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|---|" + "---|" * len(ms)]
     by = {(r["format"], r["N"], r["K"], r["M"], r["route"]): r["us"] for r in rows}
     for fmt, n, k in dict.fromkeys((r["format"], r["N"], r["K"]) for r in rows):
-        cells = [f"{by[fmt, n, k, m, other]:.1f} / {by[fmt, n, k, m, 'tensor']:.1f}" for m in ms]
+        cells = [f"{by[fmt, n, k, m, 'vector']:.1f} / {by[fmt, n, k, m, 'tensor']:.1f}" for m in ms]
         lines.append(f"| {fmt} | {n}x{k} | " + " | ".join(cells) + " |")
-    return f"us per product, {other} / tensor:\n" + "\n".join(lines)
+    return "us per product, vector / tensor:\n" + "\n".join(lines)
 
 
 if __name__ == "__main__":
