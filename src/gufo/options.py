@@ -48,9 +48,8 @@ class KernelOptions:
     int8_min_weights: int = DEFAULT_INT8_MIN_WEIGHTS
     # programmatic dependent launch on sm_90+ (each kernel's prologue overlaps the previous one's tail)
     dependent_launch: bool = True
-    # the products of int8 activation rows of Q4_K, Q6_K and Q8_0 weights: "vector" (gemv_int8, up to 16
-    # rows; prefill's on float16 operands) or "tensor" (rows_int8: tensor-core tiles of 16 rows, 64 past
-    # 64 rows; every row count of a run alike, prefill's too)
+    # the products of 1..64 int8 activation rows of Q4_K, Q6_K and Q8_0 weights: "vector" (gemv_int8, up
+    # to 16 rows) or "tensor" (rows_int8: tensor-core tiles of 16 rows, every row count of a run alike)
     row_products: str = "vector"
     # the chunked (prefill) form of the gated delta rule: "fla" (fla-core's Triton kernels) or "torch"
     # (gufo.kernels.delta_rule); decode steps run gufo's Triton step either way

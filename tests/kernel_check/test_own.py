@@ -40,9 +40,9 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 # Once each, in their first launch configuration: the codebook formats' kernels (IQ*), the legacy
 # formats' (Q4_0, Q4_1, Q5_0) and the float weights' (F32, F16, BF16); every configuration of the K-quant
 # and Q8_0 kernels, attention and the elementwise kernels. All of them (`gufo kernels own` without the
-# flag) are 520 variants over the two targets (115 of them the bandwidth sweep's candidates, labels
-# sweep_*: decode_candidates; 24 the grouped expert products, labels experts_*), these 271
-# (docs/decisions.md, "The CI's own check").
+# flag) add the bandwidth sweep's candidates (labels sweep_*: decode_candidates), the grouped expert
+# products (labels experts_*) and every configuration of the other formats (docs/decisions.md, "The
+# CI's own check").
 FIRST_ONLY = tuple(
     arg for glob in ("*_iq*", "*_q4_0*", "*_q4_1*", "*_q5_0*", "*_float*") for arg in ("--first-only", glob)
 )

@@ -147,12 +147,11 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         "--row-products",
         choices=ROW_PRODUCTS,
         default="vector",
-        help="GPU (NVIDIA): how products of int8 activation rows run for Q4_K, Q6_K and Q8_0 weights: "
-        "vector (4-way integer dot products per row, up to 16 rows a product; prefill on float16 "
-        "operands) or tensor (int8 tensor-core tiles, any number of rows a product, prefill's too, and "
-        "a server's steps of up to 64 requests in one graph replay where every weight takes them); "
-        "every decode step of a run, one row or many, takes the same route, so greedy output never "
-        "depends on how many requests share a step, and with tensor prefill rows get decode's numbers "
+        help="GPU (NVIDIA): how decode products of int8 activation rows run for Q4_K, Q6_K and Q8_0 "
+        "weights: vector (4-way integer dot products per row, up to 16 rows a product) or tensor "
+        "(tensor-core tiles of 16 rows, up to 64 rows a product, and a server's steps of up to 64 "
+        "requests in one graph replay where every weight takes them); every decode step of a run, one row or "
+        "many, takes the same route, so greedy output never depends on how many requests share a step "
         "(default vector)",
     )
     parser.add_argument(

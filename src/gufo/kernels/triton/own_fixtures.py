@@ -44,9 +44,6 @@ LARGE_SHAPE = (8192, 4096)
 # and weights under the default int8 limit (KernelOptions.int8_min_weights: gemma3-270m's attention
 # output and FFN down), whose products multiply float32 activations in the formats with int8 kernels too
 SMALL_SHAPES = ((640, 1024), (640, 2048))
-# rows of a prefill chunk on the tensor-core rows (KernelOptions.row_products = "tensor"): past
-# rows_int8.MAX_TENSOR_ROWS, so its products take the 64-row tiles
-PREFILL_ROWS = 512
 
 
 def meta_weight(qtype: GGMLQuantizationType, n: int, k: int) -> TritonWeight:
@@ -59,8 +56,7 @@ def linear_examples(options: KernelOptions) -> Iterator[str]:
     """The engine's products on the reference and small shapes: float32 activations of 1..MAX_BLOCK_M
     rows (decode, speculative, batched) and one more (prefill), plus the tensor-core kernels at the half
     precision they exist for and on int8 rows (NVIDIA: KernelOptions.row_products = "tensor", whatever
-    `options` says: a decode row and a prefill chunk of PREFILL_ROWS rows); one row on the large shape.
-    Each format's label is its name."""
+    `options` says); one row on the large shape. Each format's label is its name."""
     linear = TritonLinear(options)
     for qtype in FORMATS:
         yield qtype.name.lower()
@@ -72,8 +68,7 @@ def linear_examples(options: KernelOptions) -> Iterator[str]:
                 x = torch.empty(MAX_BLOCK_M, k, dtype=PREFILL_DTYPE, device="meta")
                 gemv(x, weight, linear.int8_min_weights, linear.launch)
                 if qtype in TENSOR_ROW_FORMATS:
-                    for m in (1, PREFILL_ROWS):
-                        gemv(torch.empty(m, k, device="meta"), weight, 0, linear.launch, tensor_rows=True)
+                    gemv(torch.empty(1, k, device="meta"), weight, 0, linear.launch, tensor_rows=True)
         n, k = LARGE_SHAPE
         linear.apply(torch.empty(1, k, device="meta"), meta_weight(qtype, n, k))
 
