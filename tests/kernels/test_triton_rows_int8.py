@@ -31,7 +31,6 @@ TENSOR = gemv.TritonLinear(KernelOptions(int8_min_weights=0, row_products="tenso
 VECTOR = gemv.TritonLinear(KernelOptions(int8_min_weights=0))
 REL = FLOAT32_REL  # the int8 products' bound in the interpreter, relative to |x| @ |W|^T
 BATCHES = (1, 3, 16, 20)  # rows per product: one tile, a part of one, a full one, two tiles
-PREFILL_ROWS = 70  # past MAX_TENSOR_ROWS: a tile of 64 rows and a tail of 6 (rows_int8.block_m)
 
 
 def oracle(info, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,28 +82,6 @@ def check_linear_takes_64_rows(qtype: gguf.GGMLQuantizationType) -> None:
     assert ((y.double() - want).abs() <= REL * scale + 1e-30).all()
 
 
-def check_prefill_tiles(
-    qtype: gguf.GGMLQuantizationType, splits: int | None, cols: int | None = None
-) -> None:
-    """A product of PREFILL_ROWS rows (prefill: tiles of 64 rows on 8 warps, the engine's linear kernel
-    on its own route decision): bit for bit per row the same as in products of 16 rows and of one, and
-    close to the oracle."""
-    info = random_tensor(qtype, cols=cols)
-    weight = TENSOR.prepare(info)
-    x = activations(PREFILL_ROWS, info.shape[1]) * torch.logspace(-2, 1, info.shape[1])
-    x[66, 64:96] = 0.0  # an all-zero block in the tail tile
-    if splits is None:
-        got = TENSOR.apply(x, weight)
-    else:
-        got = launch.gemv(x, weight, 0, LAUNCH, splits=splits, tensor_rows=True)
-    assert torch.equal(got, products(x, weight, 16, splits)), "a 70-row product differs from 16-row ones"
-    for i in (0, 37, 63, 64, 66, 69):  # first tile, its last row, the tail
-        assert torch.equal(got[i : i + 1], products(x[i : i + 1], weight, 1, splits)), f"row {i}"
-    want, scale = oracle(info, x)
-    worst = ((got.double() - want).abs() / (REL * scale + 1e-30)).max().item()
-    assert torch.isfinite(got).all() and worst <= 1.0, f"error {worst:.3g} x the bound"
-
-
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases: dict[str, Callable[[], None]] = {}
     for qtype in FORMATS:
@@ -113,9 +90,6 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases["rows_alike-split_k-Q4_K"] = lambda: check_rows_alike(Q.Q4_K, 2)
     cases["rows_alike-split_k-Q8_0"] = lambda: check_rows_alike(Q.Q8_0, 2, cols=19 * 32)
     cases["linear_64_rows-Q6_K"] = lambda: check_linear_takes_64_rows(Q.Q6_K)
-    for qtype in FORMATS:
-        cases[f"prefill_tiles-{qtype.name}"] = lambda q=qtype: check_prefill_tiles(q, None)
-    cases["prefill_tiles-split_k-Q8_0"] = lambda: check_prefill_tiles(Q.Q8_0, 2, cols=19 * 32)
     return cases
 
 
@@ -128,12 +102,11 @@ test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 @pytest.mark.parametrize("qtype", [*FORMATS, Q.IQ4_XS], ids=lambda q: q.name)
 def test_tensor_route_only_when_asked(qtype):
-    """Which kernel `gemv` launches for int8 rows (the launchers replaced by recorders): the tensor
-    tiles for the formats that have them, only with tensor_rows, for every row count alike (prefill's
-    hundreds of rows too), else the vector kernels; tiles of 16 rows up to 64 rows, then of 64 rows on
-    8 warps, with the decode tiles' BLOCK_N either way (each row's arithmetic a decode row's)."""
+    """Which kernel `gemv` launches for 1..64 int8 rows (the launchers replaced by recorders): the
+    tensor tiles for the formats that have them, only with tensor_rows, for every row count alike;
+    above 64 rows, the vector kernels."""
     weight = planes.TritonWeight(qtype, (40, 512), (torch.empty(0),))
-    for rows in (*range(1, 66), 128, 513, 4096):
+    for rows in (*range(1, 65), 65):
         x = empty_int8_rows(rows, 512, torch.device("cpu"))
         for tensor_rows in (False, True):
             with (
@@ -141,30 +114,25 @@ def test_tensor_route_only_when_asked(qtype):
                 mock.patch.object(gemv_int8, "launch") as vector,
             ):
                 launch.gemv(x, weight, 0, LAUNCH, tensor_rows=tensor_rows)
-            want = tensor_rows and qtype in FORMATS
+            want = tensor_rows and qtype in FORMATS and rows <= 64
             assert tensor.called == want and vector.called == (not want), (rows, tensor_rows)
             if want:
-                grid, block_n, warps = (tensor.call_args.args[i] for i in (4, 7, 9))
-                tile = 16 if rows <= 64 else 64
-                assert grid[2] == -(-rows // tile)  # the last tile masked
-                assert block_n == launch.TENSOR_TILES[qtype][0]
-                assert warps == (launch.TENSOR_TILES[qtype][1] if rows <= 64 else 8)
+                grid = tensor.call_args.args[4]
+                assert grid[2] == -(-rows // rows_int8.BLOCK_M)  # tiles of 16 rows, the last one masked
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.IQ4_XS], ids=lambda q: q.name)
 def test_linear_kernel_row_limits(qtype):
-    """With row_products = "tensor", products of any number of int8 rows stay off the prefill route for
-    the formats it has (decode and prefill rows alike), up to 16 rows otherwise; int8 rows are taken
-    within the same limits."""
+    """Products of up to 64 rows stay off the prefill route with row_products = "tensor" for the
+    formats it has (decode rows), 16 otherwise; int8 rows are taken up to the same limits."""
     weight = planes.TritonWeight(qtype, (4096, 4096), ())
-    tensor = qtype in FORMATS
+    limit = 64 if qtype in FORMATS else 16
     assert VECTOR.takes_int8(weight, 16) and not VECTOR.takes_int8(weight, 17)
-    assert TENSOR.takes_int8(weight, 16)
-    assert all(TENSOR.takes_int8(weight, rows) == tensor for rows in (17, 64, 65, 512, 8192))
+    assert TENSOR.takes_int8(weight, limit) and not TENSOR.takes_int8(weight, limit + 1)
     assert not TENSOR.takes_int8(weight, 0) and launch.skinny(weight, 0, True, True)  # empty input: gemv
-    for rows, int8 in ((16, False), (17, False), (17, True), (64, True), (65, True), (8192, True)):
+    for rows, int8 in ((16, False), (17, True), (64, True), (65, True)):
         assert launch.skinny(weight, rows, int8, False) == (rows <= 16)
-        assert launch.skinny(weight, rows, int8, True) == (rows <= 16 or (int8 and tensor))
+        assert launch.skinny(weight, rows, int8, True) == (rows <= (limit if int8 else 16))
 
 
 def test_row_products_option_is_checked():
@@ -190,18 +158,3 @@ def test_gpu_rows_alike_real_shapes(qtype):
         assert torch.equal(got, alone), rows
     want, scale = oracle(info, x)
     assert ((alone.double() - want).abs() <= GPU_REL[torch.float32] * scale + 1e-30).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
-def test_gpu_prefill_tiles_real_shapes(qtype):
-    """Qwen3-8B widths: a prefill product of 520 rows (tiles of 64 rows and a tail) bit for bit per row
-    the same as in products of 16 rows, and close to the oracle."""
-    info = random_tensor(qtype, rows=4096 + 1000, cols=4096)
-    weight = TENSOR.prepare(info)
-    x = activations(520, 4096)
-    got = TENSOR.apply(x.cuda(), weight).cpu()
-    decode = torch.cat([TENSOR.apply(x[i : i + 16].cuda(), weight) for i in range(0, 520, 16)]).cpu()
-    assert torch.equal(got, decode)
-    want, scale = oracle(info, x)
-    assert ((got.double() - want).abs() <= GPU_REL[torch.float32] * scale + 1e-30).all()

@@ -1,6 +1,6 @@
 """The Triton linear kernel ("linear" on the "cuda" backend, every format of gemv_kernels): skinny
 products (launch.py) for decode and small batches, the dense route (prefill_gemm.py) above
-launch.MAX_BLOCK_M rows (none on the tensor-core rows: `launch.skinny`)."""
+launch.MAX_BLOCK_M rows (MAX_TENSOR_ROWS on the tensor-core rows: `launch.skinny`)."""
 
 from __future__ import annotations
 

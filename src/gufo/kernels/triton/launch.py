@@ -6,9 +6,9 @@ gemv_kernels / gemv_int8 runs, its tile shape, its split of K, and the launch it
   - float16/bfloat16 activations with DOT_MIN_ROWS..16 rows on NVIDIA: the tensor-core kernels,
     BLOCK_M = 16 (on ROCm that tile spilled registers on gfx1151, so AMD keeps the vector path until
     it is tuned);
-  - with `tensor_rows` (KernelOptions.row_products = "tensor"), int8 activations of any number of rows
-    of the TENSOR_ROW_FORMATS on NVIDIA, prefill's included: rows_int8's tensor-core tiles, for every
-    row count alike (AMD keeps the vector path, as above).
+  - with `tensor_rows` (KernelOptions.row_products = "tensor"), int8 activations of 1..MAX_TENSOR_ROWS
+    rows of the TENSOR_ROW_FORMATS on NVIDIA: rows_int8's tensor-core tiles, for every row count alike
+    (AMD keeps the vector path, as above).
 Block sizes are ones that compiled without register spills for sm_90 and gfx1151. M > 16 is the
 prefill's (prefill_gemm), except for products on the tensor-core rows (`skinny`).
 
@@ -167,17 +167,11 @@ MAX_TENSOR_ROWS = rows_int8.MAX_TENSOR_ROWS
 # scratch for sm_90 (`gufo kernels own --target sm_90`)
 TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 8)}
 TENSOR_STEP = 256
-# warps of the prefill tiles (rows_int8.PREFILL_BLOCK_M rows): Q4_K's 64 x 64 on 4 warps spilled 336 bytes
-# of scratch for sm_90 (`gufo kernels own`); BLOCK_N and the split of K stay the decode ones, so that each
-# row's arithmetic is a decode row's
-PREFILL_TENSOR_WARPS = 8
 
 
-def tensor_config(qtype: GGMLQuantizationType, rows: int) -> VectorConfig:
-    """Launch shape of rows_int8's kernel for a product of `rows` rows of a TENSOR_ROW_FORMATS weight."""
+def tensor_config(qtype: GGMLQuantizationType) -> VectorConfig:
+    """Launch shape of rows_int8's kernel for a weight of a TENSOR_ROW_FORMATS format."""
     block_n, warps = TENSOR_TILES[qtype]
-    if rows_int8.block_m(rows) == rows_int8.PREFILL_BLOCK_M:
-        warps = PREFILL_TENSOR_WARPS
     return VectorConfig(block_n, TENSOR_STEP, warps)
 
 
@@ -207,17 +201,20 @@ def takes_int8_rows(
 def on_tensor_rows(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool) -> bool:
     """Whether a product of `rows` rows runs on rows_int8's tensor-core tiles: with `tensor_rows`, int8
     activations (`int8`: float32 rows that `int8_activations`, or `Int8Rows`) of a TENSOR_ROW_FORMATS
-    weight, any number of rows (prefill's too: its rows then get decode's numbers), on NVIDIA (or the
-    CPU interpreter)."""
+    weight, 1..MAX_TENSOR_ROWS rows, on NVIDIA (or the CPU interpreter)."""
     return (
-        tensor_rows and int8 and weight.qtype in TENSOR_ROW_FORMATS and rows > 0 and torch.version.hip is None
+        tensor_rows
+        and int8
+        and weight.qtype in TENSOR_ROW_FORMATS
+        and 0 < rows <= MAX_TENSOR_ROWS
+        and torch.version.hip is None
     )
 
 
 def skinny(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool) -> bool:
     """Whether a product of `rows` rows (on int8 activations: `int8`) takes the skinny products (`gemv`)
-    rather than the prefill route: up to MAX_BLOCK_M rows, and any number on the tensor-core rows
-    (`on_tensor_rows`: every product then computes each row as a one-row step does)."""
+    rather than the prefill route: up to MAX_BLOCK_M rows, and up to MAX_TENSOR_ROWS on the tensor-core
+    rows (`on_tensor_rows`: decode steps of that many rows stay batch-invariant)."""
     return rows <= MAX_BLOCK_M or on_tensor_rows(weight, rows, int8, tensor_rows)
 
 
@@ -285,9 +282,9 @@ def gemv(
     ids: tuple[torch.Tensor | None, ...] = ()  # the vector kernels' ids_ptr (None: not indexed)
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
     if tensor:
-        tile = tensor_config(weight.qtype, m)
+        tile = tensor_config(weight.qtype)
         kernel, block_n, step, warps = None, tile.block_n, tile.step, tile.num_warps
-        block_m, int8 = rows_int8.block_m(m), True
+        block_m, int8 = rows_int8.BLOCK_M, True
     elif dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None and not indexed:
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
         int8 = False

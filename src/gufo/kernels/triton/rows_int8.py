@@ -1,20 +1,17 @@
-"""Products of int8 activation rows on the tensor cores (Q4_K, Q6_K, Q8_0): decode rows, and with
-KernelOptions.row_products = "tensor" the prefill's rows too (`block_m`).
+"""Decode products of 1..MAX_TENSOR_ROWS int8 activation rows on the tensor cores (Q4_K, Q6_K, Q8_0).
 
 The vector kernels of gemv_int8.py repeat every 4-way dot product once per activation row, so at 16
 rows they are bound by arithmetic (docs/decisions.md, "Tensor-core decode rows"). Here the weights of
-one 32-column block are unpacked once to int8 [32, BLOCK_N] in registers and meet a tile of BLOCK_M
-activation rows (rows past M are zero) in one integer `tl.dot`: the exact int32 sums of the block
-for all the tile's rows. The float part then scales and accumulates them block after block, in the
+one 32-column block are unpacked once to int8 [32, BLOCK_N] in registers and meet a fixed tile of
+BLOCK_M = 16 activation rows (rows past M are zero) in one integer `tl.dot`: the exact int32 sums of
+the block for all 16 rows. The float part then scales and accumulates them block after block, in the
 same order and with the same instructions for every row: per block and row, (activation scale x
 weight scale) x sum; Q4_K's minimums through the activation sums, as in gemv_int8; Q6_K's -32 inside
 the int8 weights (q - 32 fits: no activation sums), its 16-column scales as two dots with the other
 half of the activations zeroed. A row's result therefore depends on that row alone: never on the other
-rows, M, the tile's height or which tile along M holds it (batch invariance by construction). The
-split of K depends on the output tiles only (launch._splits). The float part runs on all rows of a
-tile whatever M is, so it is kept to a few full-rate instructions per tile element (`_exact_float`,
-`_block_product`). Decode takes tiles of 16 rows (the smallest int8 tile: a one-row step pays for
-16); a prefill's hundreds of rows take tiles of 64, which read each weight tile once per 64 rows.
+rows, M, or which tile along M holds it (batch invariance by construction). The split of K depends on
+the output tiles only (launch._splits). The float part runs on all 16 rows of a tile whatever M is, so
+it is kept to a few full-rate instructions per tile element (`_exact_float`, `_block_product`).
 
 It is not bit-identical to the vector kernels (their sums run in another order): the engine takes one
 route for all its decode products (KernelOptions.row_products), so its output never depends on how
@@ -34,15 +31,8 @@ from gufo.kernels.triton.jit_helpers import store_partials, vector_program
 
 Q = GGMLQuantizationType
 
-BLOCK_M = 16  # activation rows per tile of decode products (the smallest int8 tensor-core tile)
-MAX_TENSOR_ROWS = 64  # most rows of a product on BLOCK_M tiles (decode rows; the tile repeats along M)
-PREFILL_BLOCK_M = 64  # activation rows per tile of larger products (prefill)
-
-
-def block_m(rows: int) -> int:
-    """Activation rows per tile of a product of `rows` rows: BLOCK_M up to MAX_TENSOR_ROWS rows, then
-    PREFILL_BLOCK_M. A row's numbers do not depend on it (the module's docstring)."""
-    return BLOCK_M if rows <= MAX_TENSOR_ROWS else PREFILL_BLOCK_M
+BLOCK_M = 16  # activation rows per tile, whatever M is (the smallest int8 tensor-core tile)
+MAX_TENSOR_ROWS = 64  # most rows per product on this route (decode rows; the tile repeats along M)
 
 
 @triton.jit
@@ -188,13 +178,13 @@ def launch(
     options: dict[str, bool],
 ) -> None:
     """out[split, m, n] of int8 rows x [M, K] and a weight's planes (planes.py); grid (output tiles,
-    splits, row tiles of `block_m(M)` rows); `options` the dependent-launch ones (DependentLaunch.options)."""
+    splits, row tiles of BLOCK_M); `options` the dependent-launch ones (DependentLaunch.options)."""
     m, k = x.shape
     xq, xd, xs = x
     words = tuple(p.view(torch.int32) if i == SCALE_WORDS.get(qtype) else p for i, p in enumerate(planes))
     KERNELS[qtype][grid](
         xq, xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
-        BLOCK_M=block_m(m), BLOCK_N=block_n, STEP=step, num_warps=warps, enable_fp_fusion=False, **options,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, STEP=step, num_warps=warps, enable_fp_fusion=False, **options,
     )  # fmt: skip
     # no fused multiply-adds, as in gemv_int8 (docs/decisions.md, "No fused multiply-adds in the int8
     # products"): the float part rounds the same way in every compiled variant
