@@ -63,6 +63,9 @@ def unenforced_keyword(schema: Any, path: str = "") -> str | None:
 # every integer is exact and every decimal survives the round trip, and an exponent of at most 2 digits,
 # so none overflows or underflows. Unbounded, a small model can write one number until max_tokens
 # (smollm2, asked for 40 decimals of pi). json_schema keeps xgrammar's schema semantics, unbounded.
+# Strings are right-recursive, as xgrammar's own JSON grammar writes them: as `char*` then the closing
+# quote, with the \u escape among the chars, a mask over Qwen's 151936 tokens took 12x as long
+# (docs/decisions.md, "Server: structured output and tool calls through xgrammar").
 NUMBER_DIGITS, EXPONENT_DIGITS = 15, 2
 
 
@@ -82,8 +85,9 @@ value ::= object | array | string | number | "true" | "false" | "null"
 object ::= "{" "}" | "{" member (", " member)* "}"
 member ::= string ": " value
 array ::= "[" "]" | "[" value (", " value)* "]"
-string ::= "\"" char* "\""
-char ::= [^"\\\0-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
+string ::= "\"" characters
+characters ::= "\"" | char characters
+char ::= [^"\\\0-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])
 """ + json_number_rule()
 
 
