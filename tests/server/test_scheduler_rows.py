@@ -110,3 +110,49 @@ def test_rows_that_need_logits_get_them_whole_among_greedy_rows():
     grammar_job = jobs[2]
     for index, seen in enumerate(grammar.rows):
         assert torch.equal(seen, row_for(grammar_job.slot, len(grammar_job.prompt_ids) - 1 + index))
+
+
+class CallLog(Logits):
+    """Logits that also records the engine calls: ("prefill", slot, tokens) and ("decode", rows)."""
+
+    def __init__(self, n_slots: int):
+        super().__init__(n_slots)
+        self.calls: list[tuple] = []
+
+    def prefill(self, tokens, slot: int, start: int = 0) -> torch.Tensor:
+        self.calls.append(("prefill", slot, len(tokens)))
+        return super().prefill(tokens, slot, start)
+
+    def decode_batch(self, tokens, positions, slots) -> torch.Tensor:
+        self.calls.append(("decode", len(slots)))
+        return super().decode_batch(tokens, positions, slots)
+
+
+def test_a_step_prefills_waiting_prompts_up_to_one_chunk_of_tokens():
+    """--prefill-chunk tokens per step over the waiting prompts in turn (the step's first chunk always),
+    each prompt in its own chunks: prompts of 3, 3, 3 and 10 tokens under a chunk of 8, 2 tokens each.
+    A step decodes the rows that had their first token when it began."""
+    engine = CallLog(4)
+    scheduler = Scheduler(engine, Metrics(), max_pending=4, prefill_chunk=8)
+    greedy = SamplingParams(temperature=0.0)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        jobs = [Job(list(range(1, 1 + n)), 2, greedy, loop) for n in (3, 3, 3, 10)]
+        for job in jobs:
+            scheduler.submit(job)  # all waiting before the worker's first step
+        scheduler.start()
+        for job in jobs:
+            while not isinstance(await job.events.get(), FinishEvent):
+                pass
+
+    try:
+        asyncio.run(run())
+    finally:
+        scheduler.stop()
+    assert engine.calls == [
+        ("prefill", 0, 3), ("prefill", 1, 3),  # step 1: 6 of 8 tokens; the third prompt's 3 would pass 8
+        ("prefill", 2, 3), ("decode", 2),  # step 2: the 10-token prompt's first chunk (8) would pass 5
+        ("prefill", 3, 8), ("decode", 1),  # step 3: a step's first chunk runs whatever its size
+        ("prefill", 3, 2), ("decode", 1),  # step 4: the prompt's second chunk; step 5 its first decode
+    ]  # fmt: skip

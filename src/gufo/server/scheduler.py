@@ -302,9 +302,13 @@ class Scheduler:
     def _step(self) -> None:
         jobs = list(self.active.values())
         decoding = [j for j in jobs if j.generated]
-        prefilling = next((j for j in jobs if not j.generated), None)
-        if prefilling is not None:
-            self._for_one(prefilling, self._prefill_chunk)
+        budget = self.prefill_chunk  # prompt tokens per step, over the waiting prompts in turn
+        for job in [j for j in jobs if not j.generated]:
+            size = len(self._next_chunk(job))
+            if size > budget and budget < self.prefill_chunk:
+                break  # the step's first chunk always runs
+            budget -= size
+            self._for_one(job, self._prefill_chunk)
             self._outbox.flush()  # a first token does not wait for the decode step
         if self.speculators is not None:
             for job in decoding:
@@ -344,11 +348,14 @@ class Scheduler:
             if self.active.get(job.slot) is job:
                 self._fail(job, err)
 
-    def _prefill_chunk(self, job: Job) -> None:
+    def _next_chunk(self, job: Job) -> list[int]:
         """Prompt tokens up to the next multiple of `prefill_chunk` (the same chunks with or without a
-        cached prefix)."""
+        cached prefix, however many prompts share a step)."""
         end = (job.prefilled // self.prefill_chunk + 1) * self.prefill_chunk
-        chunk = job.prompt_ids[job.prefilled : end]
+        return job.prompt_ids[job.prefilled : end]
+
+    def _prefill_chunk(self, job: Job) -> None:
+        chunk = self._next_chunk(job)
         logits = self.engine.prefill(chunk, job.slot, start=job.prefilled)
         job.prefilled += len(chunk)
         self.slot_tokens[job.slot].extend(chunk)
