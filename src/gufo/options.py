@@ -22,7 +22,7 @@ ROW_PRODUCTS = ("vector", "tensor")
 # how the GPU's gated delta rule runs several tokens of one sequence (KernelOptions.delta_rule_prefill)
 DELTA_RULE_PREFILLS = ("fla", "torch", "recurrent")
 FLA_MISSING = (
-    "delta rule prefill fla: fla-core {}; pip install 'gufo[cuda]' or pass --delta-rule-prefill torch"
+    "delta rule prefill fla: fla-core {}; pip install 'gufo[cuda]' or pass --delta-rule-prefill recurrent"
 )
 DEFAULT_CONTEXT = 4096  # tokens of KV cache, capped at the model's context length
 DEFAULT_BATCH = 2048  # prompt tokens per prefill pass
@@ -51,8 +51,9 @@ class KernelOptions:
     # the products of 1..64 int8 activation rows of Q4_K, Q6_K and Q8_0 weights: "vector" (gemv_int8, up
     # to 16 rows) or "tensor" (rows_int8: tensor-core tiles of 16 rows, every row count of a run alike)
     row_products: str = "vector"
-    # the chunked (prefill) form of the gated delta rule: "fla" (fla-core's Triton kernels) or "torch"
-    # (gufo.kernels.delta_rule); decode steps run gufo's Triton step either way
+    # how the gated delta rule runs a prompt's tokens: "recurrent" (gufo's Triton decode step over them in
+    # one launch), or a chunked form, "fla" (fla-core's Triton kernels) or "torch" (gufo.kernels.
+    # delta_rule); decode steps run gufo's Triton step either way
     delta_rule_prefill: str = DEFAULT_DELTA_RULE_PREFILL
 
     def __post_init__(self) -> None:

@@ -42,7 +42,7 @@ def test_fla_requested_without_fla_is_one_error_line(monkeypatch):
         KernelOptions(delta_rule_prefill="fla")
     assert str(err.value) == (
         "delta rule prefill fla: fla-core is not installed; pip install 'gufo[cuda]' or pass "
-        "--delta-rule-prefill torch"
+        "--delta-rule-prefill recurrent"
     )
 
 
@@ -71,7 +71,7 @@ def test_fla_that_does_not_import_is_one_error_line(monkeypatch):
         kernel.apply(q, q, q, -torch.rand(3, 2), torch.rand(3, 2), torch.zeros(2, 4, 4), 0.5)
     message = str(err.value)
     assert message.startswith("delta rule prefill fla: fla-core does not import (No module named 'fla')")
-    assert message.endswith("--delta-rule-prefill torch") and "\n" not in message
+    assert message.endswith("--delta-rule-prefill recurrent") and "\n" not in message
 
 
 @pytest.mark.gpu

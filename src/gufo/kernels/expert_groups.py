@@ -86,12 +86,16 @@ def group_assignments(chosen: torch.Tensor, n_experts: int, block_m: int) -> Exp
     )
 
 
-def combine(y: torch.Tensor, groups: ExpertGroups, weights: torch.Tensor) -> torch.Tensor:
-    """Per sorted row results y [A, cols] -> per token [tokens, cols], each token's k rows weighted by
-    weights [tokens, k] and summed over the slots in order."""
+def weighted_slots(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Per assignment results y [tokens * k, cols] (token-major) -> per token [tokens, cols], each
+    token's k rows weighted by weights [tokens, k] and summed over the slots in order."""
     tokens, k = weights.shape
-    per_slot = y[groups.inverse].reshape(tokens, k, -1)
-    return (per_slot * weights[..., None].to(y.dtype)).sum(1)
+    return (y.reshape(tokens, k, -1) * weights[..., None].to(y.dtype)).sum(1)
+
+
+def combine(y: torch.Tensor, groups: ExpertGroups, weights: torch.Tensor) -> torch.Tensor:
+    """Per sorted row results y [A, cols] -> per token [tokens, cols] (`weighted_slots`)."""
+    return weighted_slots(y[groups.inverse], weights)
 
 
 def per_expert(x: torch.Tensor, groups: ExpertGroups) -> Iterator[tuple[int, torch.Tensor]]:

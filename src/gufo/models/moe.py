@@ -23,7 +23,14 @@ from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import registry
 from gufo.kernels.contracts import EXPERT_LINEAR, GATED_ACT
-from gufo.kernels.expert_groups import ExpertGroups, combine, group_assignments, per_expert, tile_rows
+from gufo.kernels.expert_groups import (
+    ExpertGroups,
+    combine,
+    group_assignments,
+    per_expert,
+    tile_rows,
+    weighted_slots,
+)
 from gufo.models.base import GatedFFN
 from gufo.models.layers import Linear
 
@@ -173,7 +180,7 @@ class MoEFFN:
         experts = chosen.reshape(-1)
         rows = x if t == 1 else x[:, None].expand(t, k, -1).reshape(t * k, -1)  # one token: one row for all
         y = self._experts(rows, lambda matrices, h: matrices.gathered(h, experts))
-        return (y.reshape(t, k, -1) * weights[..., None].to(y.dtype)).sum(1)
+        return weighted_slots(y, weights)
 
     def _grouped(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The token-expert assignments sorted by expert on the device (expert_groups), one grouped

@@ -6,7 +6,7 @@ the numbers of its own one-row step (the row's slot only offsets its state; a si
 runs the same arithmetic on the one slot it is given). Several tokens of one sequence (prefill) run the
 torch reference (the conv's sums are the decode step's, bit for bit); the delta rule's run either a
 chunked form, which solves a chunk at once, the torch reference's or fla-core's (`KernelOptions.
-delta_rule_prefill`, `gufo.kernels.fla_delta_rule`), or (`sequence`) the decode step's own arithmetic
+delta_rule_prefill`, `gufo.kernels.fla_delta_rule`), or ("recurrent") the decode step's own arithmetic
 token after token in one launch, the state held in registers, so prefill and decode agree bit for bit.
 Registered on the "cuda" backend beside the references (`gufo.kernels.causal_conv`,
 `gufo.kernels.delta_rule`), their test oracles.
@@ -160,8 +160,7 @@ class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
 
     def __init__(self, launch: DependentLaunch, prefill: str = "torch"):
         super().__init__(launch)
-        self.sequence = prefill == "recurrent"
-        self.prefill = PREFILL_FORMS.get(prefill)
+        self.chunked = PREFILL_FORMS.get(prefill)  # None: "recurrent", the step kernel over the tokens
 
     def apply(
         self,
@@ -179,9 +178,9 @@ class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
         sequences, a lone token or (prefill "recurrent") the tokens of one: q, k [T, H, Dk], v [T, H,
         Dv], g, beta [T, H] -> [T, H, Dv] float32."""
         one_sequence = slots is None and q.shape[0] != 1
-        if one_sequence and not self.sequence:
+        if one_sequence and self.chunked is not None:
             q, k = delta_rule.scaled_queries_keys(q, k, scale, qk_norm_eps)
-            return self.prefill(q, k, v, g, beta, state)
+            return self.chunked(q, k, v, g, beta, state)
         slot_ptr, slot_stride, one = _slot_args(state, slots, q.shape[0], 3, v)
         n_tokens, n_heads, key_dim = q.shape
         value_dim = v.shape[-1]
