@@ -11,6 +11,9 @@ bit for bit equal, else FAIL, 1.
     python scripts/rows_check.py --row-products tensor --rows 64 FILE.gguf   # the 64-row buckets
     python scripts/rows_check.py --row-products tensor --time --rows 64 FILE.gguf
 
+`--profile` skips the check and profiles (torch.profiler) a few eager `decode_batch` steps of `--rows`
+rows, graphs off so each kernel is its own event: the kernels' CUDA time per step, largest first.
+
 `--time` skips the check and times `decode_batch` alone (graph replays, the logits left on the device as
 for the server's greedy rows; no sampling or serving), to split a server step's time into the engine's and
 the rest: one JSON object per file on stdout, with the route, the most rows per replay and, per row count
@@ -24,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -88,10 +92,33 @@ def time_steps(path: str, options: RunOptions, rows: int, steps: int = 50) -> di
     return {"file": path, "route": route.name, "max_rows": most, "steps": steps, "rows": timed}
 
 
+def profile_steps(path: str, options: RunOptions, rows: int, steps: int = 3) -> None:
+    engine = Engine(path, replace(options, graphs=False), context=1024, n_slots=rows)
+    for slot in range(rows):
+        engine.prefill([slot + 1] * 200, slot=slot)
+    slots = list(range(rows))
+    engine.decode_batch([7] * rows, [200] * rows, slots)  # compiles the kernels
+    engine.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            engine.decode_batch([7] * rows, [201 + i] * rows, slots)
+        engine.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: e.device_time_total, reverse=True)
+    total = sum(e.device_time_total for e in events) / steps
+    print(f"{path}: {rows} rows, {total / 1e3:.2f} ms of kernels per step", flush=True)
+    for e in events[:30]:
+        per_step = e.device_time_total / steps
+        print(f"{per_step / 1e3:9.3f} ms {100 * per_step / total:5.1f}% {e.count // steps:5d}x {e.key[:100]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+")
     parser.add_argument("--time", action="store_true", help="time decode_batch steps instead of checking")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile eager decode_batch steps' kernels instead of checking"
+    )
     parser.add_argument(
         "--rows", type=int, default=None, help=f"concurrent sequences (default {ROWS}; --time: 16)"
     )
@@ -99,9 +126,13 @@ def main() -> int:
         "--row-products", choices=ROW_PRODUCTS, default="vector", help="KernelOptions.row_products"
     )
     args = parser.parse_args()
-    if args.rows is not None and args.rows < (1 if args.time else 6):
+    if args.rows is not None and args.rows < (1 if args.time or args.profile else 6):
         parser.error("--rows: at least 6 sequences to check (the steps take 4, then 2 others), 1 to time")
     options = RunOptions(device="cuda", kernels=KernelOptions(row_products=args.row_products))
+    if args.profile:
+        for path in args.files:
+            profile_steps(path, options, args.rows or 16)
+        return 0
     if args.time:
         for path in args.files:
             print(json.dumps(time_steps(path, options, args.rows or 16)), flush=True)

@@ -133,19 +133,19 @@ class DecodeConfig:
 
 # The int8 products' launch by format: (for matrices taller than wide, n > k: gate/up, qkv; for the
 # others: down, attention output); docs/decisions.md, "int8 product shapes". Q8_0 stays at 1024 columns:
-# its 2-row 2048 step compiled with an 8-byte stack frame for sm_90 (Triton 3.6). The IQ formats take
-# Q4_K's shapes (not tuned on their own yet), IQ4_NL with 1024 columns: its 2-row 4 x 2048 tile
-# compiled with an 8-byte stack frame for sm_90 (Triton 3.6). `scripts/gemv_bandwidth.py --sweep`
-# times candidates against these (decode_candidates.py); the winner of a format replaces its entry.
+# its 2-row 2048 step compiled with an 8-byte stack frame for sm_90 (Triton 3.6). The IQ formats' entries
+# are the winners of `scripts/gemv_bandwidth.py --sweep` on the H200 (decode_candidates.py), IQ2_XXS
+# still Q4_K's (no candidate beat it); IQ4_NL stays at 1024 columns: its 2-row 4 x 2048 tile compiled
+# with an 8-byte stack frame for sm_90 (Triton 3.6).
 _Q4_K_SHAPES = (DecodeConfig(8, 2048, 4), DecodeConfig(4, 2048, 4))
 INT8_SHAPES: dict[GGMLQuantizationType, tuple[DecodeConfig, DecodeConfig]] = {
     Q.Q8_0: (DecodeConfig(4, 1024, 2), DecodeConfig(4, 1024, 2)),
     Q.Q4_K: _Q4_K_SHAPES,
     Q.Q6_K: (DecodeConfig(8, 2048, 4), DecodeConfig(8, 2048, 4)),
-    Q.IQ4_NL: (DecodeConfig(8, 1024, 4), DecodeConfig(4, 1024, 4)),
-    Q.IQ4_XS: _Q4_K_SHAPES,
-    Q.IQ3_S: _Q4_K_SHAPES,
-    Q.IQ3_XXS: _Q4_K_SHAPES,
+    Q.IQ4_NL: (DecodeConfig(4, 1024, 4), DecodeConfig(4, 1024, 4)),
+    Q.IQ4_XS: (DecodeConfig(4, 2048, 2), DecodeConfig(4, 2048, 2)),
+    Q.IQ3_S: (DecodeConfig(4, 2048, 2), DecodeConfig(4, 2048, 4)),
+    Q.IQ3_XXS: (DecodeConfig(4, 1024, 4), DecodeConfig(4, 2048, 4)),
     Q.IQ2_XXS: _Q4_K_SHAPES,
 }
 
