@@ -11,8 +11,9 @@ bit for bit equal, else FAIL, 1.
     python scripts/rows_check.py --row-products tensor --rows 64 FILE.gguf   # the 64-row buckets
     python scripts/rows_check.py --row-products tensor --time --rows 64 FILE.gguf
 
-`--profile` skips the check and profiles (torch.profiler) a few eager `decode_batch` steps of `--rows`
-rows, graphs off so each kernel is its own event: the kernels' CUDA time per step, largest first.
+`--profile` skips the check and profiles (torch.profiler; CUPTI records the kernels inside graph replays)
+a few `decode_batch` steps of `--rows` rows: the kernels' GPU time per step, largest first. (Without
+graphs the steps would run row by row, not what a server's step runs.)
 
 `--time` skips the check and times `decode_batch` alone (graph replays, the logits left on the device as
 for the server's greedy rows; no sampling or serving), to split a server step's time into the engine's and
@@ -27,7 +28,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
@@ -93,9 +93,10 @@ def time_steps(path: str, options: RunOptions, rows: int, steps: int = 50) -> di
 
 
 def profile_steps(path: str, options: RunOptions, rows: int, steps: int = 3) -> None:
-    engine = Engine(path, replace(options, graphs=False), context=1024, n_slots=rows)
+    engine = Engine(path, options, context=1024, n_slots=rows)
     for slot in range(rows):
         engine.prefill([slot + 1] * 200, slot=slot)
+    engine.prepare_rows(rows)
     slots = list(range(rows))
     engine.decode_batch([7] * rows, [200] * rows, slots)  # compiles the kernels
     engine.synchronize()
@@ -117,7 +118,7 @@ def main() -> int:
     parser.add_argument("files", nargs="+")
     parser.add_argument("--time", action="store_true", help="time decode_batch steps instead of checking")
     parser.add_argument(
-        "--profile", action="store_true", help="profile eager decode_batch steps' kernels instead of checking"
+        "--profile", action="store_true", help="profile decode_batch steps' kernels instead of checking"
     )
     parser.add_argument(
         "--rows", type=int, default=None, help=f"concurrent sequences (default {ROWS}; --time: 16)"
