@@ -3,15 +3,18 @@ share a prefix are admitted together, the first computes each chunk of it and th
 prefilled at their turn in the same step, copies costing no prefill budget. Where prefill is not
 batch-invariant (the GPU) only whole chunks of prefilled tokens are copied, where it is any shared
 prefix (the last prompt token always evaluated), and a model with recurrent state copies nothing. The
-expected calls are worked out by hand from the rules in gufo.server.scheduler's docstring."""
+expected calls are worked out by hand from the rules in gufo.server.scheduler's docstring. And the
+prefix comparison it makes for every slot, against a plain loop."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
 from gufo.engine.sampling import SamplingParams
+from gufo.engine.speculative import common_prefix
 from gufo.server.metrics import Metrics
 from gufo.server.scheduler import FinishEvent, Job, Scheduler
 from tests.server.test_scheduler_rows import Logits
@@ -120,3 +123,12 @@ def test_a_request_that_asks_for_no_cache_copies_nothing():
     jobs, _ = run(engine, PROMPTS[:2], cache_prompt=False)
     assert not [c for c in engine.calls if c[0] == "copy"]
     assert [j.cached_tokens for j in jobs] == [0, 0]
+
+
+def test_common_prefix_counts_the_leading_tokens_two_sequences_share():
+    rng = random.Random(0)
+    for _ in range(2000):
+        a = [rng.randrange(3) for _ in range(rng.randrange(40))]
+        b = [rng.randrange(3) for _ in range(rng.randrange(40))]
+        shared = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == common_prefix(tuple(a), b) == shared
