@@ -102,6 +102,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/server/": ("golden", "system"),
     "tests/server/test_bench_client.py": ("system",),
     "tests/server/test_reply.py": ("unit",),
+    "tests/server/test_prefix_sharing.py": ("unit",),
     "tests/server/test_scheduler_rows.py": ("unit",),
     "tests/server/test_responses_events.py": ("unit",),
     "tests/synth/": ("golden",),

@@ -1,5 +1,6 @@
 """`gufo bench-serve`'s arithmetic against hand-computed values: the statistics of a load point, the
-sweep table, Poisson arrivals, the workload's length ranges and shared prefix, and the flag syntax."""
+report table's cached tokens, the sweep table, Poisson arrivals, the workload's length ranges and shared
+prefix, and the flag syntax."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gufo.tools.bench.serving import (
     LoadPoint,
     Sample,
     Workload,
+    markdown,
     percentiles,
     poisson_arrivals,
     summarize,
@@ -142,3 +144,17 @@ def test_constrained_requests_need_chat_and_a_schema_object(capsys, tmp_path, mo
     code, _, err = gufo(capsys, "bench-serve", "--base-url", "http://127.0.0.1:9", *flags)
     assert code == 2 and err.startswith("gufo: error: ") and message in err
     assert err.count("\n") == 1
+
+
+def test_the_table_shows_cached_tokens_per_request_in_shared_prefix_mode():
+    result = summarize([([sample([0.1, 0.2], 2, 0.3, prompt=40, cached=32), sample([0.1], 1, 0.2)], 1.0)])
+    result |= {"concurrency": 2, "request_rate": None, "greedy_matches_c1": True}
+    report = {
+        "model": "m", "endpoint": "completions", "max_tokens": [2, 2], "prompt_words": [5, 5],
+        "repetitions": 1, "seed": 0, "itl_unit": "chunk", "results": [result],
+    }  # fmt: skip
+    shared = markdown(report | {"shared_prefix_words": 30}).splitlines()
+    assert shared[2].endswith("| greedy = C1 | cached / prompt tokens per request |")
+    assert shared[4].endswith("| yes | 16.0 / 25.00 |")  # 32 cached of 40 + 10 prompt tokens, 2 requests
+    plain = markdown(report | {"shared_prefix_words": 0}).splitlines()
+    assert plain[2].endswith("| greedy = C1 |") and plain[4].endswith("| yes |")

@@ -2,15 +2,19 @@
 than sessions plus --max-pending, each one completes with the greedy text or gets a 429, never another
 status, and the server answers correctly afterwards. And the whole-chunk reuse rule of an engine whose
 prefill is not batch-invariant (gufo.server.scheduler): here the torch prefill layers, which a prefill
-tap selects."""
+tap selects; and a prompt sharing a prefix with one that is cancelled while it prefills."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import openai
 import pytest
 
+from gufo.engine.sampling import SamplingParams
+from gufo.server.metrics import Metrics
+from gufo.server.scheduler import FinishEvent, Job, Scheduler
 from gufo.server.settings import ServerSettings
 from tests.server.conftest import MODEL, live_server, load_engine, wait_for
 
@@ -85,3 +89,63 @@ def test_without_batch_invariant_prefill_only_whole_chunks_of_prompt_are_reused(
     again, cached = greedy(server, prompt, cache_prompt=True)
     assert cached == 32  # of 39 (the last prompt token is always evaluated), two whole chunks
     assert after_prefix == alone == again
+
+
+def scheduled_tokens(engine, jobs: list[Job], awaited: list[Job], on_prefill=None) -> list[list[int]]:
+    """The tokens of the `awaited` jobs (a cancelled one hears nothing more), `jobs` all submitted at
+    once to a Scheduler of their own on `engine` (chunks of CHUNK, nothing cached in its slots at the
+    start); `on_prefill(scheduler, slot, start)` hears each prefill call once it has run."""
+    scheduler = Scheduler(engine, Metrics(), max_pending=len(jobs), prefill_chunk=CHUNK)
+    prefill = engine.prefill
+
+    def heard(tokens, slot=0, start=0, all_logits=False):
+        logits = prefill(tokens, slot, start, all_logits)
+        if on_prefill is not None:
+            on_prefill(scheduler, slot, start)
+        return logits
+
+    async def go() -> list[list[int]]:
+        for job in jobs:
+            job.loop = asyncio.get_running_loop()
+            scheduler.submit(job)
+        scheduler.start()
+        out = []
+        for job in awaited:
+            tokens = []
+            while not isinstance(event := await job.events.get(), FinishEvent):
+                tokens.append(event.token)
+            assert event.reason == "length"
+            out.append(tokens)
+        return out
+
+    engine.prefill = heard
+    try:
+        return asyncio.run(go())
+    finally:
+        scheduler.stop()
+        del engine.prefill
+
+
+def test_a_prompt_whose_leader_is_cancelled_computes_the_rest_of_the_shared_prefix_itself():
+    """Two prompts sharing 40 tokens, admitted together: the follower copies each chunk the leader
+    prefills, and once the leader is cancelled (after its second chunk) computes the rest itself, with
+    the tokens it gets alone with nothing cached."""
+    engine = torch_prefill_engine()
+    prompt = list(range(1000, 1060))  # chunks 0-15, 16-31, 32-47, 48-59
+    greedy = SamplingParams(temperature=0.0)
+    fresh = Job(prompt, 16, greedy, None, cache_prompt=False)
+    (alone,) = scheduled_tokens(engine, [fresh], [fresh])
+    leader = Job(prompt[:40] + list(range(2000, 2020)), 16, greedy, None)
+    follower = Job(prompt, 16, greedy, None)
+    calls: list[tuple[int, int]] = []
+
+    def cancel_after_the_second_chunk(scheduler: Scheduler, slot: int, start: int) -> None:
+        calls.append((slot, start))
+        if slot == leader.slot and start == CHUNK:
+            scheduler.cancel(leader)
+
+    (tokens,) = scheduled_tokens(engine, [leader, follower], [follower], cancel_after_the_second_chunk)
+    assert leader.cancelled == "cancelled"
+    assert [start for slot, start in calls if slot == follower.slot] == [2 * CHUNK, 3 * CHUNK]
+    assert follower.cached_tokens == 2 * CHUNK  # the two chunks the leader prefilled
+    assert tokens == alone

@@ -1,6 +1,7 @@
 """Determinism as a contract (issue 23, acceptance 3 on the CPU): the same greedy request gets the same
 text whatever else the server holds or does: streamed or not, alone or among 8 concurrent requests, with
-its whole prompt prefilled, with a prefix another request left cached, or with all of it cached."""
+its whole prompt prefilled, with a prefix another request left cached, or with all of it cached; and
+among 8 concurrent requests sharing a long prefix, which they copy from one another's slots."""
 
 from __future__ import annotations
 
@@ -87,3 +88,47 @@ def test_greedy_text_is_a_function_of_the_request_alone(served):
     reference = outputs["alone, whole prompt prefilled"]
     assert len(reference) > 100  # 64 tokens of text, not an early end
     assert {k: v for k, v in outputs.items() if v != reference} == {}
+
+
+PREFIX = (
+    "You are the archivist of a small coastal town. The town keeps its records in a stone house by the "
+    "harbour: ship manifests, weather logs, the minutes of every council meeting, letters from families "
+    "who emigrated, and the tide tables that the fishermen still copy by hand each winter. Visitors ask "
+    "you about the town's history, and you answer from the records alone, naming the document and the "
+    "year you found it in. When the records are silent you say so plainly and suggest where else one "
+    "might look, such as the parish registers in the church or the customs office at the port. You "
+    "speak simply and briefly, without guessing, and you never invent a date, a name or a ship."
+)
+QUESTIONS = [
+    "The oldest record in the stone house is a letter from 1791, and it begins with the words",
+    "Tell me about the storm of the great flood.",
+    "Which ships carried the emigrants?",
+    "Who kept the tide tables first?",
+    "Describe the council's oldest minutes.",
+    "Where did the customs office stand?",
+    "Name the families that left for the south.",
+    "Summarize the weather logs of the coldest winter.",
+]
+
+
+def test_requests_sharing_a_long_prefix_copy_it_and_keep_their_greedy_text(served):
+    """Eight requests sharing a long prefix at once: all but the first admitted copy the whole prefix
+    from another slot (the CPU's prefill is batch-invariant: any shared prefix), and the target's text
+    is the one it gets alone with nothing cached."""
+    model, live, _ = served
+    tokenizer = Tokenizer.from_gguf(open_model_file(resolve_model(model)).metadata)
+    prefix = tokenizer.encode(PREFIX, add_special=True, parse_special=False)
+    suffixes = [tokenizer.encode(" " + q, add_special=False, parse_special=False) for q in QUESTIONS]
+    prompts = [prefix + s for s in suffixes]
+    assert len(prefix) >= 100 and len({s[0] for s in suffixes}) == SESSIONS == len(prompts)
+    with concurrent.futures.ThreadPoolExecutor(SESSIONS) as pool:
+        replies = [
+            pool.submit(completion, live, model, p, True, tokens=MAX_TOKENS if i == 0 else OTHER_TOKENS)
+            for i, p in enumerate(prompts)
+        ]
+        results = [r.result() for r in replies]
+    cached = sorted(c for _, c in results)
+    assert cached[0] < len(prefix) and cached[1:] == [len(prefix)] * (SESSIONS - 1), cached
+    alone, cached_alone = completion(live, model, prompts[0], cache_prompt=False)
+    assert cached_alone == 0 and len(alone) > 100
+    assert results[0][0] == alone

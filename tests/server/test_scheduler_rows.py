@@ -38,6 +38,9 @@ class Logits:
     def decode_batch(self, tokens, positions, slots) -> torch.Tensor:
         return torch.stack([row_for(s, p) for p, s in zip(positions, slots, strict=True)])
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        pass  # the logits depend on slot and position alone
+
 
 class Recording:
     """A grammar that allows every token and keeps the rows it masked."""
@@ -138,7 +141,8 @@ def test_a_step_prefills_waiting_prompts_up_to_one_chunk_of_tokens():
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        jobs = [Job(list(range(1, 1 + n)), 2, greedy, loop) for n in (3, 3, 3, 10)]
+        # prompts that share no prefix: nothing is copied from slot to slot
+        jobs = [Job(list(range(100 * i, 100 * i + n)), 2, greedy, loop) for i, n in enumerate((3, 3, 3, 10))]
         for job in jobs:
             scheduler.submit(job)  # all waiting before the worker's first step
         scheduler.start()

@@ -86,7 +86,7 @@ class HiddenRows:
 class Engine:
     """One process's model on one device. `gufo.parallel.ShardedEngine` runs a rank of a
     tensor-parallel launch by overriding the steps that touch the model (`forward`, `decode_step`,
-    `snapshot`, `restore`, `set_threads`, `rank_peak_memory`) and the two switches below."""
+    `snapshot`, `restore`, `copy_prefix`, `set_threads`, `rank_peak_memory`) and the two switches below."""
 
     tensor_parallel = 1  # processes the model is sharded over
     # whether `decode_tokens` may replay one multi-token graph, and `decode_batch` run rows of several
@@ -306,6 +306,14 @@ class Engine:
 
     def restore(self, state: CacheSnapshot) -> None:
         self.cache.restore(state)
+
+    @torch.inference_mode()
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """`KVCache.copy_prefix`: slot `target` then holds the KV of slot `source`'s first `length`
+        positions, on the engine's device. Only where slots are `rewindable` (KV only)."""
+        if not self.rewindable:
+            raise BadInputError("a model with recurrent state cannot copy a prefix between slots")
+        self.cache.copy_prefix(source, target, length)
 
     def set_threads(self, count: int) -> None:
         torch.set_num_threads(count)

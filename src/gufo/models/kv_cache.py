@@ -119,6 +119,16 @@ class KVCache:
             None if self.recurrent is None else self.recurrent.save(slot),
         )
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Copy positions 0..length of every attention layer from slot `source` to slot `target` (one
+        device copy per layer's keys and values), so `target` continues a prefix `source` computed.
+        KV only: a recurrent state holds a whole sequence and cannot be cut at `length`."""
+        if self.recurrent is not None:
+            raise ValueError("a cache with recurrent state cannot copy a prefix between slots")
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys[target, :, :length] = keys[source, :, :length]
+            values[target, :, :length] = values[source, :, :length]
+
     def restore(self, state: CacheSnapshot) -> None:
         """Put a snapshot back; positions past its length are stale and get overwritten before any read."""
         for layer, (k, v) in enumerate(zip(state.keys, state.values, strict=True)):

@@ -85,6 +85,11 @@ class ShardedEngine(Engine):
             self.mirror.restore(state)
         super().restore(state)
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        if self.mirror is not None:
+            self.mirror.copy_prefix(source, target, length)
+        super().copy_prefix(source, target, length)
+
     def set_threads(self, count: int) -> None:
         if self.mirror is not None:
             self.mirror.threads(count)

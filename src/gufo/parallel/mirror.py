@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STOP, FORWARD, DECODE, SNAPSHOT, RESTORE, THREADS, MEMORY = range(7)
+STOP, FORWARD, DECODE, SNAPSHOT, RESTORE, THREADS, MEMORY, COPY = range(8)
 
 
 class Leader:
@@ -51,6 +51,9 @@ class Leader:
 
     def restore(self, state: CacheSnapshot) -> None:
         self._send(RESTORE, state.slot, state.length)
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        self._send(COPY, source, target, length)
 
     def threads(self, count: int) -> None:
         self._send(THREADS, count)
@@ -93,6 +96,8 @@ def follow(engine: Engine) -> int:
             snapshots[(fields[0], fields[1])] = engine.cache.snapshot(fields[0], fields[1])
         elif op == RESTORE:
             engine.cache.restore(snapshots[(fields[0], fields[1])])
+        elif op == COPY:
+            engine.cache.copy_prefix(*fields[:3])
         elif op == THREADS:
             torch.set_num_threads(fields[0])
         elif op == MEMORY:

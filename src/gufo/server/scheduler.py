@@ -18,6 +18,12 @@ numbers depend on the prefill chunk it was in, so chunks start at multiples of `
 positions) and a request reuses only KV that its own fresh prefill would compute in the same chunks:
 whole chunks of prefilled tokens, never decoded ones (docs/decisions.md, "Greedy output is a function of
 the request alone").
+
+A request reuses such a prefix from any slot, free or running, not only the one it is admitted into:
+at admission and before each of its prefill chunks it copies the KV of the longest one another slot
+holds (`Engine.copy_prefix`; not with recurrent state, which only continues a whole sequence). Jobs take
+their chunks in admission order, so among prompts that share a prefix the first computes each chunk of
+it and the others copy that chunk at their turn in the same step.
 """
 
 from __future__ import annotations
@@ -276,11 +282,7 @@ class Scheduler:
             prompt = job.prompt_ids
             if job.cache_prompt:
                 slot = max(free, key=lambda s: common_prefix(self.slot_tokens[s], prompt))
-                # At least the last prompt token is evaluated: its logits give the first token.
-                reused = min(common_prefix(self.slot_tokens[slot], prompt), len(prompt) - 1)
-                if not self.engine.invariant_prefill:  # whole chunks that a fresh prefill computes alike
-                    chunk = self.prefill_chunk
-                    reused = min(reused, self.slot_prefilled[slot]) // chunk * chunk
+                reused = self._reusable(slot, prompt)
                 if reused < len(self.slot_tokens[slot]) and not self.engine.rewindable:
                     reused = 0  # a recurrent state only continues the whole sequence it holds
             else:  # leave the most valuable cached prefixes to other requests
@@ -295,15 +297,52 @@ class Scheduler:
             self.metrics.admitted(len(prompt), reused)
             try:
                 job.sampler = Sampler(job.params, prompt_length=len(prompt), constraint=job.constraint)
+                self._copy_prefix(job)
             except Exception as err:  # e.g. a seed torch refuses: this request fails, not the worker
                 log.exception("admitting a request failed")
                 self._fail(job, err)
+
+    def _reusable(self, slot: int, prompt: list[int]) -> int:
+        """How many of `prompt`'s first tokens the KV of `slot` holds as the prompt's own fresh prefill
+        would compute them (the module docstring): any cached prefix where prefill is batch-invariant,
+        else whole chunks of prefilled tokens only; never the last token, whose logits give the first."""
+        reused = min(common_prefix(self.slot_tokens[slot], prompt), len(prompt) - 1)
+        if not self.engine.invariant_prefill:
+            chunk = self.prefill_chunk
+            reused = min(reused, self.slot_prefilled[slot]) // chunk * chunk
+        return reused
+
+    def _copy_prefix(self, job: Job) -> None:
+        """Copy into the job's slot the longest reusable prefix of its prompt that another slot holds,
+        free or active, when that is more than the job has prefilled; the copied tokens count as cached
+        and cost no prefill. KV only: a recurrent state cannot be cut at a prefix (`rewindable`)."""
+        if not job.cache_prompt or not self.engine.rewindable:
+            return
+        prompt = job.prompt_ids
+        others = [s for s in range(self.n_slots) if s != job.slot]
+        length, source = max(((self._reusable(s, prompt), s) for s in others), default=(0, None))
+        if length <= job.prefilled:
+            return
+        self.engine.copy_prefix(source, job.slot, length)
+        copied = length - job.prefilled
+        self.slot_tokens[job.slot] = prompt[:length]
+        self.slot_prefilled[job.slot] = min(length, self.slot_prefilled[source])
+        job.prefilled = length
+        job.cached_tokens += copied
+        self.metrics.admitted(0, copied)
 
     def _step(self) -> None:
         jobs = list(self.active.values())
         decoding = [j for j in jobs if j.generated]
         budget = self.prefill_chunk  # prompt tokens per step, over the waiting prompts in turn
+        # In admission order, so by a job's turn every earlier one sharing its prefix has computed this
+        # step's chunk of it, which the job copies rather than computing it again; then its next chunk
+        # is one that no earlier job holds. Nothing waits on another job (a cancelled or failed one
+        # leaves the chunk to the next in turn).
         for job in [j for j in jobs if not j.generated]:
+            self._for_one(job, self._copy_prefix)
+            if self.active.get(job.slot) is not job:
+                continue  # the copy failed the job
             size = len(self._next_chunk(job))
             if size > budget and budget < self.prefill_chunk:
                 break  # the step's first chunk always runs

@@ -408,15 +408,20 @@ def markdown(report: dict) -> str:
         + f", {report['repetitions']} repetitions, seed {report['seed']}, ITL per {report['itl_unit']}",
         "",
         "| C or rate | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | prefill t/s | decode t/s/req "
-        "| aggregate t/s | req/s | greedy = C1 |",
-        "|--:|---|---|--:|--:|--:|--:|:-:|",
+        "| aggregate t/s | req/s | greedy = C1 |"
+        + (" cached / prompt tokens per request |" if shared else ""),
+        "|--:|---|---|--:|--:|--:|--:|:-:|" + ("--:|" if shared else ""),
     ]
     for r in report["results"]:
         parity = {None: "-", True: "yes", False: "NO"}[r["greedy_matches_c1"]]
+        # the server's usage counts, so that a shared-prefix run shows how much of the prefix was reused
+        cached = (
+            f" {r['cached_tokens'] / r['requests']:.1f} / {number(r['prompt_tokens'])} |" if shared else ""
+        )
         lines.append(
             f"| {load_label(r)} | {triple(r['ttft_ms'])} | {triple(r['itl_ms'])} "
             f"| {number(r['prefill_tps'])} | {number(r['decode_tps_per_request'])} "
-            f"| {number(r['aggregate_tps'])} | {number(r['request_throughput'])} | {parity} |"
+            f"| {number(r['aggregate_tps'])} | {number(r['request_throughput'])} | {parity} |{cached}"
         )
     return "\n".join(lines)
 

@@ -1,0 +1,134 @@
+"""Cross-slot prefix reuse, the scheduler's arithmetic (a stand-in engine records its calls): prompts that
+share a prefix are admitted together, the first computes each chunk of it and the others copy what it has
+prefilled at their turn in the same step, copies costing no prefill budget. Where prefill is not
+batch-invariant (the GPU) only whole chunks of prefilled tokens are copied, where it is any shared
+prefix (the last prompt token always evaluated), and a model with recurrent state copies nothing. The
+expected calls are worked out by hand from the rules in gufo.server.scheduler's docstring. And the
+prefix comparison it makes for every slot, against a plain loop."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from gufo.engine.sampling import SamplingParams
+from gufo.engine.speculative import common_prefix
+from gufo.server.metrics import Metrics
+from gufo.server.scheduler import FinishEvent, Job, Scheduler
+from tests.server.test_scheduler_rows import Logits
+
+CHUNK = 8
+SHARED = list(range(1, 21))  # 20 tokens: chunks 0-7 and 8-15 whole, 16-19 of the third
+PROMPTS = [SHARED + [100 * i + j for j in range(4)] for i in range(3)]  # 24 tokens each
+
+
+class Recorder(Logits):
+    """("prefill", slot, start, tokens), ("copy", source, target, length) and ("decode", rows)."""
+
+    def __init__(self, n_slots: int, invariant_prefill: bool, rewindable: bool = True):
+        super().__init__(n_slots)
+        self.invariant_prefill, self.rewindable = invariant_prefill, rewindable
+        self.calls: list[tuple] = []
+
+    def prefill(self, tokens, slot: int, start: int = 0):
+        self.calls.append(("prefill", slot, start, len(tokens)))
+        return super().prefill(tokens, slot, start)
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        self.calls.append(("copy", source, target, length))
+
+    def decode_batch(self, tokens, positions, slots):
+        self.calls.append(("decode", len(slots)))
+        return super().decode_batch(tokens, positions, slots)
+
+
+def run(engine: Recorder, prompts: list[list[int]], cache_prompt: bool = True) -> tuple[list[Job], Metrics]:
+    """The prompts' greedy jobs of 2 tokens, all waiting before the worker's first step."""
+    metrics = Metrics()
+    scheduler = Scheduler(engine, metrics, max_pending=len(prompts), prefill_chunk=CHUNK)
+    greedy = SamplingParams(temperature=0.0)
+
+    async def go() -> list[Job]:
+        loop = asyncio.get_running_loop()
+        jobs = [Job(p, 2, greedy, loop, cache_prompt=cache_prompt) for p in prompts]
+        for job in jobs:
+            scheduler.submit(job)
+        scheduler.start()
+        for job in jobs:
+            while not isinstance(event := await job.events.get(), FinishEvent):
+                pass
+            assert event.reason == "length"
+        return jobs
+
+    try:
+        jobs = asyncio.run(go())
+    finally:
+        scheduler.stop()
+    return jobs, metrics
+
+
+def test_without_batch_invariant_prefill_whole_chunks_of_a_shared_prefix_are_copied():
+    engine = Recorder(3, invariant_prefill=False)
+    jobs, metrics = run(engine, PROMPTS)
+    assert engine.calls == [
+        ("prefill", 0, 0, 8), ("copy", 0, 1, 8),  # step 1: the copy is free, the next chunk would pass
+        ("prefill", 0, 8, 8), ("copy", 0, 1, 16),  # step 2
+        ("prefill", 0, 16, 8),  # step 3: the chunk 16-23 holds other tokens past 19, job 1 computes it
+        ("prefill", 1, 16, 8), ("copy", 1, 2, 16), ("decode", 1),  # step 4
+        ("prefill", 2, 16, 8), ("decode", 1),  # step 5
+        ("decode", 1),
+    ]  # fmt: skip
+    assert [j.cached_tokens for j in jobs] == [0, 16, 16]  # 20 shared, whole chunks of 8
+    assert metrics.cached_tokens == 32
+    assert metrics.prompt_tokens == 3 * 24
+
+
+def test_with_batch_invariant_prefill_the_whole_shared_prefix_is_copied():
+    engine = Recorder(3, invariant_prefill=True)
+    jobs, metrics = run(engine, PROMPTS)
+    assert engine.calls == [
+        ("prefill", 0, 0, 8), ("copy", 0, 1, 8),
+        ("prefill", 0, 8, 8), ("copy", 0, 1, 16),
+        ("prefill", 0, 16, 8), ("copy", 0, 1, 20),  # the rest of job 1's chunk (4) would pass 0
+        ("prefill", 1, 20, 4), ("copy", 1, 2, 20), ("prefill", 2, 20, 4), ("decode", 1),  # 8 tokens
+        ("decode", 2),
+    ]  # fmt: skip
+    assert [j.cached_tokens for j in jobs] == [0, 20, 20]
+    assert metrics.cached_tokens == 40
+
+
+def test_the_last_prompt_token_is_always_evaluated():
+    engine = Recorder(2, invariant_prefill=True)
+    jobs, _ = run(engine, [SHARED, SHARED])
+    assert engine.calls[:4] == [
+        ("prefill", 0, 0, 8), ("copy", 0, 1, 8), ("prefill", 0, 8, 8), ("copy", 0, 1, 16),
+    ]  # fmt: skip
+    assert ("copy", 0, 1, 19) in engine.calls and ("prefill", 1, 19, 1) in engine.calls
+    assert [j.cached_tokens for j in jobs] == [0, 19]
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_a_model_with_recurrent_state_copies_nothing(invariant):
+    engine = Recorder(3, invariant_prefill=invariant, rewindable=False)
+    jobs, metrics = run(engine, PROMPTS)
+    assert not [c for c in engine.calls if c[0] == "copy"]
+    assert sum(c[3] for c in engine.calls if c[0] == "prefill") == 3 * 24
+    assert [j.cached_tokens for j in jobs] == [0, 0, 0] and metrics.cached_tokens == 0
+
+
+def test_a_request_that_asks_for_no_cache_copies_nothing():
+    engine = Recorder(2, invariant_prefill=True)
+    jobs, _ = run(engine, PROMPTS[:2], cache_prompt=False)
+    assert not [c for c in engine.calls if c[0] == "copy"]
+    assert [j.cached_tokens for j in jobs] == [0, 0]
+
+
+def test_common_prefix_counts_the_leading_tokens_two_sequences_share():
+    rng = random.Random(0)
+    for _ in range(2000):
+        a = [rng.randrange(3) for _ in range(rng.randrange(40))]
+        b = [rng.randrange(3) for _ in range(rng.randrange(40))]
+        shared = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == common_prefix(tuple(a), b) == shared
