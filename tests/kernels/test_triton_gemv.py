@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 import gguf
 import numpy as np
@@ -167,6 +168,27 @@ def check_decode_candidate(qtype: gguf.GGMLQuantizationType, config: launch.Deco
     check(y, x, info, FLOAT32_REL, int8_min_weights=0)
 
 
+SHARED_GRID_TILE = launch.DecodeConfig(8, 1024, 4)  # 2 row tiles of ROWS, 2 K steps of CANDIDATE_COLS
+
+
+def check_shared_grid(qtype: gguf.GGMLQuantizationType, m: int) -> None:
+    """Decoding.shared_grid changes only where the grid's entries come from: with none, each and all of
+    the format's other switches, bit for bit the product without it, and within float32 rounding of the
+    gguf-dequantized weights."""
+    info = random_tensor(qtype, cols=CANDIDATE_COLS)
+    weight = INT8_EVERYWHERE.prepare(info)
+    x = activations(m, CANDIDATE_COLS)
+    others = [name for name in gemv_int8.DECODING[qtype] if name != "shared_grid"]
+    for on in [(), *((name,) for name in others), others]:
+        plain = gemv_int8.Decoding(**dict.fromkeys(on, True))
+        plain_y, shared_y = (
+            launch.gemv(x, weight, 0, LAUNCH, config=replace(SHARED_GRID_TILE, decoding=decoding))
+            for decoding in (plain, replace(plain, shared_grid=True))
+        )
+        assert torch.equal(shared_y, plain_y), on
+        check(shared_y, x, info, FLOAT32_REL, int8_min_weights=0)
+
+
 def check_leading_dims_and_empty_input() -> None:
     info = random_tensor(Q.Q4_K)
     weight = LINEAR_KERNEL.prepare(info)
@@ -272,6 +294,9 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
             cases[f"decode_candidate-{qtype.name}-{i}"] = lambda q=qtype, c=config: check_decode_candidate(
                 q, c
             )
+    for qtype in gemv_int8.DECODING:
+        for m in (1, 5):
+            cases[f"shared_grid-{qtype.name}-m{m}"] = lambda q=qtype, m=m: check_shared_grid(q, m)
     cases["leading_dims_and_empty_input"] = check_leading_dims_and_empty_input
     cases["quantize_rows"] = check_quantize_rows
     cases["round_rows"] = check_round_rows

@@ -23,8 +23,12 @@ SWEEP_FORMATS = (Q.IQ3_S, Q.IQ3_XXS, Q.IQ2_XXS, Q.IQ4_XS, Q.IQ4_NL, Q.Q4_K)  # Q
 # reads to overlap, shorter steps for fewer live registers, and 2 warps for more programs per SM
 TILES = ((4, 1024, 4), (8, 1024, 4), (16, 512, 4), (8, 2048, 8), (16, 1024, 8), (32, 512, 8), (4, 2048, 2))
 SWITCHED_TILES = (1, 4)  # the TILES that also run with every switch on
+# the lattice formats' grid in shared memory (Decoding.shared_grid), alone: on today's tile, with the
+# other switches there, and on these TILES (today's neighbours: half the step, twice the warps, both)
+SHARED = Decoding(shared_grid=True)
+SHARED_TILES = (1, 3, 4)
 SPLIT_TILE = DecodeConfig(16, 1024, 4, splits=2)  # fewer row tiles, each K split in two
-MAX_CANDIDATES = 12
+MAX_CANDIDATES = 20
 # candidates that compiled with scratch for sm_90 (Triton 3.6, `gufo kernels own`), so never timed:
 # IQ4_NL's one-row 4 x 2048 tile on 2 warps, an 8-byte stack frame
 SPILLED = {Q.IQ4_NL: (DecodeConfig(4, 2048, 2),)}
@@ -33,15 +37,17 @@ SPILLED = {Q.IQ4_NL: (DecodeConfig(4, 2048, 2),)}
 def candidates(qtype: GGMLQuantizationType, n: int, k: int) -> tuple[DecodeConfig, ...]:
     """The sweep's launches of an [n, k] weight, today's (`launch.int8_config`) first, each fitted to
     k; at most MAX_CANDIDATES, no two alike. The lattice formats' switches go on today's tile one by
-    one, then all together there and on two of the TILES."""
+    one, then all together there and on two of the TILES (all but shared_grid, which goes with them on
+    today's tile and alone on SHARED_TILES)."""
     default = int8_config(qtype, n, k)
     found = [default]
     switches = DECODING.get(qtype, ())
     if switches:
-        every = Decoding(**dict.fromkeys(switches, True))
+        every = Decoding(**{name: True for name in switches if not getattr(SHARED, name)})
         found += [replace(default, decoding=Decoding(**{name: True})) for name in switches]
-        found += [replace(default, decoding=every)]
+        found += [replace(default, decoding=d) for d in (every, replace(every, shared_grid=True))]
         found += [DecodeConfig(*TILES[i], decoding=every) for i in SWITCHED_TILES]
+        found += [DecodeConfig(*TILES[i], decoding=SHARED) for i in SHARED_TILES]
     found += [DecodeConfig(*tile) for tile in TILES] + [SPLIT_TILE]
     unique: list[DecodeConfig] = []
     for config in (fitted(qtype, c, k) for c in found):

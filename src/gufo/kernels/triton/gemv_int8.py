@@ -29,6 +29,7 @@ from gguf import GGMLQuantizationType
 
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, empty_int8_rows
 from gufo.kernels.triton.codebook_groups import (
+    grid_table,
     iq2_xxs_parts,
     iq3_s_parts,
     iq3_xxs_parts,
@@ -418,7 +419,7 @@ def gemv_iq3_s_int8(
     xq_ptr, xd_ptr, xs_ptr, d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, out_ptr, M, N, K,
     n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, QS_WORDS: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, QS_WORDS: tl.constexpr, SHARED_GRID: tl.constexpr,
     INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
@@ -430,11 +431,12 @@ def gemv_iq3_s_int8(
     n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    grid = grid_table(grid_ptr, 512, SHARED_GRID)
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
         sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
         words, signs, scale = iq3_s_parts(
-            d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid_ptr, sb, ib, QS_WORDS
+            d_ptr, qs_ptr, qh_ptr, signs_ptr, scales_ptr, grid, sb, ib, QS_WORDS, SHARED_GRID
         )
         acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
     store_partials(out_ptr, acc, m, n, M, N, split)
@@ -446,7 +448,7 @@ def gemv_iq3_xxs_int8(
     n_steps, steps_per_split, ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, QS_WORDS: tl.constexpr, PARITY_SIGNS: tl.constexpr,
-    INDEXED: tl.constexpr = False,
+    SHARED_GRID: tl.constexpr, INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 4, BLOCK_N)
@@ -455,11 +457,12 @@ def gemv_iq3_xxs_int8(
     n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    grid = grid_table(grid_ptr, 256, SHARED_GRID)
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
         sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
         words, signs, scale = iq3_xxs_parts(
-            d_ptr, qs_ptr, aux_ptr, grid_ptr, ksigns_ptr, sb, ib, QS_WORDS, PARITY_SIGNS
+            d_ptr, qs_ptr, aux_ptr, grid, ksigns_ptr, sb, ib, QS_WORDS, PARITY_SIGNS, SHARED_GRID
         )
         acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
     store_partials(out_ptr, acc, m, n, M, N, split)
@@ -471,7 +474,7 @@ def gemv_iq2_xxs_int8(
     ids_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, NATIVE: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PARITY_SIGNS: tl.constexpr, WIDE_GRID: tl.constexpr,
-    INDEXED: tl.constexpr = False,
+    SHARED_GRID: tl.constexpr, INDEXED: tl.constexpr = False,
 ):  # fmt: skip
     if PREFETCH and tl.num_programs(1) == 1:  # whole rows: the weights, before waiting for x
         prefetch_rows(qs_ptr, N, K // 16, BLOCK_N)
@@ -479,11 +482,12 @@ def gemv_iq2_xxs_int8(
     n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, ids_ptr, INDEXED)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    grid = grid_table(grid_ptr, 256 if WIDE_GRID else 512, SHARED_GRID)  # 256 points, 8 bytes each
     for step in range(first, last):
         g = step * (STEP // 32) + tl.arange(0, STEP // 32)
         sb, ib = super_block(row, tl.minimum(g, K // 32 - 1), K // 32)  # the tail's meet x = 0
         words, signs, scale = iq2_xxs_parts(
-            d_ptr, qs_ptr, grid_ptr, ksigns_ptr, sb, ib, PARITY_SIGNS, WIDE_GRID
+            d_ptr, qs_ptr, grid, ksigns_ptr, sb, ib, PARITY_SIGNS, WIDE_GRID, SHARED_GRID
         )
         acc = _lattice_products(acc, words, signs, scale, xq_ptr, xd_ptr, g, M, K, BLOCK_M, NATIVE)
     store_partials(out_ptr, acc, m, n, M, N, split)
@@ -498,13 +502,16 @@ class Decoding:
     qs_words: bool = False  # IQ3_S, IQ3_XXS: grid indices (IQ3_S: and sign bytes) read as int32 words
     parity_signs: bool = False  # IQ3_XXS, IQ2_XXS: sign bytes from their index's parity, no ksigns reads
     wide_grid: bool = False  # IQ2_XXS: a grid point's 8 values read as one int64, not two int32
+    # the lattice formats: the grid loaded once per program and its entries gathered (tl.gather: from
+    # shared memory) instead of loaded from global memory through L1 at every K step
+    shared_grid: bool = False
 
 
 # per format, its kernel's Decoding switches (constexpr = the field's name in capitals)
 DECODING = {
-    Q.IQ3_S: ("qs_words",),
-    Q.IQ3_XXS: ("qs_words", "parity_signs"),
-    Q.IQ2_XXS: ("parity_signs", "wide_grid"),
+    Q.IQ3_S: ("qs_words", "shared_grid"),
+    Q.IQ3_XXS: ("qs_words", "parity_signs", "shared_grid"),
+    Q.IQ2_XXS: ("parity_signs", "wide_grid", "shared_grid"),
 }
 # planes.py planes that the switch reads as int32 (qs_words) or int64 (wide_grid: the grid table)
 SWITCH_PLANES = {
