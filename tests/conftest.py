@@ -67,6 +67,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/cli/test_startup.py::test_single_dash_flags_are_never_split": ("unit",),
     "tests/engine/": ("golden",),
     "tests/engine/test_graph_rows.py": ("unit",),
+    "tests/engine/test_prefill_chunks.py": ("unit",),
     "tests/engine/test_json_object.py": ("unit",),
     "tests/engine/test_sampling.py": ("unit",),
     "tests/formats/test_quant_blocks.py": ("unit",),
