@@ -69,7 +69,7 @@ def test_prefill_graphs_equal_eager_prefill(synth_model):
         assert torch.equal(mine[1, :, : len(prompt)], theirs[1, :, : len(prompt)])
 
 
-# Tail chunks padded to their bucket (batch 64: buckets 16, 32, 64) and, 64, one unpadded.
+# chunk lengths replayed padded to their bucket (batch 64: buckets 16, 32, 64), and two that fill theirs
 PADDED_LENGTHS = (1, 5, 16, 17, 31, 33, 50, 64)
 # A padded chunk's products run on more rows than the eager chunk's, so they may take another tiling or
 # split of the float32 sums; activations are rounded to float16 (unit roundoff 2**-11) before products,
