@@ -62,6 +62,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/cli/test_llama_flags.py::test_compare_names_the_missing_run": ("unit",),
     "tests/cli/test_llama_flags.py::test_kernels_own_without_triton_says_what_to_install": ("system",),
     "tests/cli/test_progress.py::test_records_become_gufo_lines": ("unit",),
+    "tests/cli/test_serve_flags.py": ("unit",),
     "tests/cli/test_startup.py": ("system",),
     "tests/cli/test_startup.py::test_a_flag_is_never_taken_as_a_prefix_of_another": ("unit",),
     "tests/cli/test_startup.py::test_single_dash_flags_are_never_split": ("unit",),

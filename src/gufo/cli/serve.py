@@ -182,6 +182,12 @@ def model_id(args: argparse.Namespace, path: Path) -> str:
     return name if name in ALIASES else path.stem
 
 
+def batch_size(args: argparse.Namespace) -> int:
+    """-b, else --prefill-chunk: a scheduler step's full chunk is then one forward pass, on a GPU one
+    replay of unpadded graphs."""
+    return args.prefill_chunk if args.batch_size is None else args.batch_size
+
+
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -201,8 +207,7 @@ def run(args: argparse.Namespace) -> int:
     from gufo.parallel.model import preflight
     from gufo.parallel.process_group import launched_rank
 
-    if args.batch_size is None:  # a scheduler step's chunk is one forward pass, a graph replay on GPUs
-        args.batch_size = args.prefill_chunk
+    args.batch_size = batch_size(args)
     # a bad -m, or a truncated or unsupported file, is one line and exit 2 before anything listens
     path, model_file = open_checked(args.model)
     # so are bad speculative flags, a mismatched draft model and a file without an MTP block
