@@ -15,8 +15,11 @@ the eager layers, so its logits are bit-identical to the eager prefill. A padded
 more rows, so its numbers are the bucket's, not the eager chunk's; but the bucket is a function of the
 chunk's length alone, and the scheduler cuts chunks at multiples of --prefill-chunk (absolute positions),
 so chunk lengths, buckets and therefore every token's numbers are a function of the request alone, as
-greedy output must be (docs/decisions.md, "Greedy output is a function of the request alone"). The
-padding rows are themselves a function of the chunk (token 0, their positions, attention output zero).
+greedy output must be (docs/decisions.md, "Greedy output is a function of the request alone"); so is the
+eager fallback of a chunk whose bucket would pass the context (its position and length). No real row
+reads a padding row (every op but the attention works row by row, and the attention takes the real rows
+only), and the padding rows are themselves a function of the chunk (token 0, their positions, attention
+output zero), so stale buffer contents never reach the numbers.
 """
 
 from __future__ import annotations
