@@ -62,11 +62,78 @@ def test_prefill_graphs_equal_eager_prefill(synth_model):
     )
     got = graphed.prefill(prompt, slot=1, all_logits=True)
     want = eager.prefill(prompt, slot=1, all_logits=True)
-    assert list(graphed.prefill_graphs.graphs) == [(1, 64)]
+    assert list(graphed.prefill_graphs.graphs) == [64]
     assert torch.equal(got, want)
     graphed_kv, eager_kv = graphed.cache.keys + graphed.cache.values, eager.cache.keys + eager.cache.values
     for mine, theirs in zip(graphed_kv, eager_kv, strict=True):
         assert torch.equal(mine[1, :, : len(prompt)], theirs[1, :, : len(prompt)])
+
+
+# chunk lengths replayed padded to their bucket (batch 64: buckets 16, 32, 64), and two that fill theirs
+PADDED_LENGTHS = (1, 5, 16, 17, 31, 33, 50, 64)
+# A padded chunk's products run on more rows than the eager chunk's, so they may take another tiling or
+# split of the float32 sums; activations are rounded to float16 (unit roundoff 2**-11) before products,
+# so an element that rounds the other way moves the result by about 2**-11 of its size. 16 such ulps of
+# the largest logit bound what 4 layers add up; a lead over twice that cannot swap the top-1 token.
+LOGIT_ULPS = 16 * 2.0**-11
+
+
+def test_padded_prefill_chunks_agree_with_eager_prefill(synth_model):
+    """Chunks of several lengths, padded to their bucket and replayed, give every token the eager
+    layers' top-1 token and logits within float16 rounding, and write the same KV within it too."""
+    graphed = Engine(synth_model, options=RunOptions(device="cuda"), context=256, batch_size=64)
+    eager = Engine(synth_model, options=RunOptions(device="cuda", graphs=False), context=256, batch_size=64)
+    for length in PADDED_LENGTHS:
+        prompt = [100 + (7 * i + length) % 400 for i in range(length)]
+        got = graphed.prefill(prompt, all_logits=True)
+        want = eager.prefill(prompt, all_logits=True)
+        bound = LOGIT_ULPS * float(want.abs().max())
+        for position in range(length):
+            diff = compare_logits(want[position], got[position])
+            assert diff.finite and diff.max_abs_diff <= bound, (length, position, diff)
+            if diff.reference_margin > 2 * bound:
+                assert diff.top1_match, (length, position, diff)
+        for mine, theirs in zip(graphed.cache.keys, eager.cache.keys, strict=True):
+            scale = float(theirs[0, :, :length].abs().max())
+            assert torch.allclose(mine[0, :, :length], theirs[0, :, :length], atol=LOGIT_ULPS * scale)
+    assert sorted(graphed.prefill_graphs.graphs) == [16, 32, 64]
+
+
+def test_prefill_graphs_serve_every_slot_alike(synth_model):
+    """One set of graphs per chunk length serves every slot: the same prompt (a full chunk and a padded
+    tail) in slots 0 and 2 gives bit-identical logits and KV, after other prompts ran in slot 1."""
+    engine = Engine(synth_model, options=RunOptions(device="cuda"), context=256, n_slots=3, batch_size=64)
+    prompt = list(range(300, 400))  # 64 + 36, the tail padded to 64
+    first = engine.prefill(prompt, slot=0, all_logits=True)
+    engine.prefill(list(range(10, 130)), slot=1)  # 64 + 56: the same graphs, other values in the buffers
+    second = engine.prefill(prompt, slot=2, all_logits=True)
+    assert torch.equal(first, second)
+    assert list(engine.prefill_graphs.graphs) == [64]
+    held = slice(0, len(prompt))
+    for layer in engine.cache.keys + engine.cache.values:
+        assert torch.equal(layer[0, :, held], layer[2, :, held])
+        assert not torch.equal(layer[0, :, held], layer[1, :, held])  # slot 1 holds its own prompt
+
+
+@pytest.mark.parametrize("length", [40, 150, 200])
+def test_chunked_prefill_repeats_bit_for_bit(synth_model, length):
+    """A prompt prefilled in chunks of 64 (its tail padded) gives the same logits again: the first run
+    captures the graphs, the second replays them, after a prompt whose tail shares the bucket."""
+    engine = Engine(synth_model, options=RunOptions(device="cuda"), context=256, batch_size=64)
+    prompt = [1 + (5 * i) % 500 for i in range(length)]
+    first = engine.prefill(prompt, all_logits=True)
+    engine.prefill(list(range(200, 200 + length - 3)), all_logits=True)
+    assert torch.equal(engine.prefill(prompt, all_logits=True), first)
+
+
+def test_a_server_captures_its_prefill_buckets_at_load(synth_model):
+    """`prepare_prefill` captures every bucket a server's chunks reach, so its prompts only replay."""
+    engine = Engine(synth_model, options=RunOptions(device="cuda"), context=256, batch_size=64)
+    engine.prepare_prefill(64)
+    assert sorted(engine.prefill_graphs.graphs) == [16, 32, 64]
+    captured = engine.graph_capture_seconds
+    engine.prefill(list(range(100, 170)))  # 64 + 6: replays only
+    assert engine.graph_capture_seconds == captured
 
 
 def test_graph_replay_equals_eager_decode(synth_model):

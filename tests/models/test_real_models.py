@@ -77,5 +77,5 @@ def test_prefill_graphs_equal_eager_prefill(engine):
     graphed = Engine(alias, options=RunOptions(device=DEVICE), context=1024, batch_size=256)
     eager = Engine(alias, options=RunOptions(device=DEVICE, graphs=False), context=1024, batch_size=256)
     got = graphed.prefill(prompt, all_logits=True)
-    assert list(graphed.prefill_graphs.graphs) == [(0, 256)]
+    assert list(graphed.prefill_graphs.graphs) == [256]
     assert torch.equal(got, eager.prefill(prompt, all_logits=True))

@@ -71,7 +71,9 @@ def add_model_flag(parser: argparse.ArgumentParser, required: bool = False) -> N
     )
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+def add_engine_flags(parser: argparse.ArgumentParser, batch_help: str | None = None) -> None:
+    """The flags every engine command takes; `batch_help` replaces -b's help and makes its default None
+    (a command that picks the batch size itself when -b is not given)."""
     add_model_flag(parser)
     add_device_flags(parser)
     parser.add_argument(
@@ -86,9 +88,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "-b",
         "--batch-size",
         type=positive_int,
-        default=DEFAULT_BATCH,
-        help=f"prompt tokens per forward pass during prefill (default {DEFAULT_BATCH}); on a GPU, chunks of "
-        "exactly this many tokens replay captured graphs",
+        default=DEFAULT_BATCH if batch_help is None else None,
+        help=batch_help
+        or f"prompt tokens per forward pass during prefill (default {DEFAULT_BATCH}); on a GPU, chunks "
+        "replay captured graphs (padded to the next power of two from 16, or to this many tokens)",
     )
     parser.add_argument(
         "-t",

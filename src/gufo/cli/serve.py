@@ -59,7 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_engine_flags(parser)
+    add_engine_flags(
+        parser,
+        batch_help="prompt tokens per forward pass during prefill (default: --prefill-chunk, so that on a "
+        "GPU a full chunk replays captured graphs unpadded; shorter chunks replay graphs padded to the next "
+        "power of two from 16, all captured while the model loads)",
+    )
     add_tensor_parallel_flag(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument(
@@ -136,7 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=positive_int,
         default=DEFAULT_PREFILL_CHUNK,
         help=f"prompt tokens prefilled per scheduler step, between decode steps; chunks end at multiples "
-        f"of it (default {DEFAULT_PREFILL_CHUNK})",
+        f"of it (default {DEFAULT_PREFILL_CHUNK}; also -b's default)",
     )
     parser.add_argument(
         "--pooling",
@@ -177,6 +182,12 @@ def model_id(args: argparse.Namespace, path: Path) -> str:
     return name if name in ALIASES else path.stem
 
 
+def batch_size(args: argparse.Namespace) -> int:
+    """-b, else --prefill-chunk: a scheduler step's full chunk is then one forward pass, on a GPU one
+    replay of unpadded graphs."""
+    return args.prefill_chunk if args.batch_size is None else args.batch_size
+
+
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -196,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     from gufo.parallel.model import preflight
     from gufo.parallel.process_group import launched_rank
 
+    args.batch_size = batch_size(args)
     # a bad -m, or a truncated or unsupported file, is one line and exit 2 before anything listens
     path, model_file = open_checked(args.model)
     # so are bad speculative flags, a mismatched draft model and a file without an MTP block

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gufo.engine.constraint import TokenConstraint
+from gufo.engine.graphs.chunks import prepared_sizes, replay_size
 from gufo.engine.graphs.rows import EXACT_ROWS
 from gufo.engine.loader import LoadProgress, load_model, open_checked
 from gufo.engine.memory import peak_memory_bytes
@@ -138,8 +139,8 @@ class Engine:
             # profiling: a graph's step runs uncaptured, so that each of its kernel calls is in its range
             capture = options.profile is None
             self.graph_decoder = GraphDecoder(self.model, self.cache, device, limit, capture)
-        # full prefill chunks (batch_size tokens) replay piecewise graphs around the attention (eager
-        # prefill runs the same kernels: profiling takes that)
+        # prefill chunks replay piecewise graphs around the attention, one set per bucket of chunk lengths
+        # (gufo.engine.graphs.chunks; eager prefill runs the same kernels: profiling takes that)
         self.prefill_graphs = None
         if self.graph_decoder is not None and self.multi_token_graphs and options.profile is None:
             from gufo.engine.graphs.prefill import PrefillGraphs
@@ -218,8 +219,9 @@ class Engine:
         for begin in range(0, len(tokens), self.batch_size):
             chunk = ids[begin : begin + self.batch_size]
             is_last = begin + self.batch_size >= len(tokens)
-            if self.prefill_graphs is not None and len(chunk) == self.batch_size:
-                hidden = self.prefill_graphs.hidden(chunk, slot, start + begin)
+            size = self._replay_size(len(chunk), start + begin)
+            if size is not None:
+                hidden = self.prefill_graphs.hidden(chunk, slot, start + begin, size)
                 if self.hidden_rows is not None:  # the graphs' buffer is reused: a copy
                     self.hidden_rows.record(slot, start + begin, hidden.clone())
                 logits = self.model.head(hidden, all_logits)
@@ -228,6 +230,21 @@ class Engine:
             if all_logits or is_last:
                 outputs.append(logits)
         return (torch.cat(outputs) if all_logits else outputs[-1][-1]).cpu()
+
+    def _replay_size(self, n_tokens: int, start: int) -> int | None:
+        """The prefill graphs' length that a chunk of `n_tokens` at `start` replays, None where it runs
+        eagerly (no prefill graphs, or its padding would run past the context)."""
+        if self.prefill_graphs is None:
+            return None
+        return replay_size(n_tokens, start, self.batch_size, self.cache.context)
+
+    @torch.inference_mode()
+    def prepare_prefill(self, max_tokens: int) -> None:
+        """Capture now the prefill graphs that chunks of up to `max_tokens` tokens replay (a server's
+        --prefill-chunk), one set per bucket, so that the first prompts do not pay for captures (logged
+        with the time taken). At load only: the warm-ups write slot 0's first KV entries."""
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.prepare(prepared_sizes(max_tokens, self.batch_size, self.cache.context))
 
     @torch.inference_mode()
     def embed(self, tokens: Sequence[int], pooling: str = "mean") -> torch.Tensor:

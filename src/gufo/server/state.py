@@ -85,6 +85,7 @@ class ServerState:
             )
             if speculators is None:  # the batched decode steps' graphs, before the first request
                 engine.prepare_rows(engine.cache.n_slots)
+            engine.prepare_prefill(settings.prefill_chunk)  # and the prefill chunks' (GPUs)
             scheduler = Scheduler(
                 engine, self.metrics, settings.max_pending, settings.prefill_chunk, speculators
             )

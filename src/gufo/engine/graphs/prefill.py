@@ -3,19 +3,30 @@
 Launched op by op, a prefill chunk costs ~30 launches per layer from Python, and on a slow host those
 launches take longer than the GPU needs for them (docs/decisions.md, "Prefill replays piecewise CUDA
 graphs"). Everything in a layer but the attention over the cache depends only on the chunk's length:
-positions live in a static device tensor, which the RoPE tables and the KV writes read. So each graph
-runs one layer's tail and the next layer's head (output projection, residual adds, FFN; then norm, QKV
-product, QK norm, RoPE and the KV write), and the attention over the cache prefix, whose length changes
-from chunk to chunk, runs eagerly between two graphs: per layer, one replay and a few launches.
+positions and the slot live in static device tensors, which the RoPE tables and the KV writes read. So
+each graph runs one layer's tail and the next layer's head (output projection, residual adds, FFN; then
+norm, QKV product, QK norm, RoPE and the KV write), and the attention over the cache prefix, whose length
+and slot change from chunk to chunk, runs eagerly between two graphs: per layer, one replay and a few
+launches. One set of graphs per chunk length serves every slot; they share one memory pool.
 
-Graphs are kept per (slot, chunk length) and share one memory pool. They replay the same kernels on the
-same values as the eager layers, so their logits are bit-identical to the eager prefill.
+A chunk shorter than its bucket (`gufo.engine.graphs.chunks`) is padded with token 0 rows at the
+positions after it. A chunk of exactly a bucket's length replays the same kernels on the same values as
+the eager layers, so its logits are bit-identical to the eager prefill. A padded chunk's products run on
+more rows, so its numbers are the bucket's, not the eager chunk's; but the bucket is a function of the
+chunk's length alone, and the scheduler cuts chunks at multiples of --prefill-chunk (absolute positions),
+so chunk lengths, buckets and therefore every token's numbers are a function of the request alone, as
+greedy output must be (docs/decisions.md, "Greedy output is a function of the request alone"); so is the
+eager fallback of a chunk whose bucket would pass the context (its position and length). No real row
+reads a padding row (every op but the attention works row by row, and the attention takes the real rows
+only), and the padding rows are themselves a function of the chunk (token 0, their positions, attention
+output zero), so stale buffer contents never reach the numbers.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +44,8 @@ log = logging.getLogger(__name__)
 class _Buffers:
     """The static tensors one chunk length's graphs read and write."""
 
-    positions: torch.Tensor  # [T] int64: cache positions of the chunk's tokens
+    positions: torch.Tensor  # [T] int64: cache positions of the chunk's tokens (padding rows' too)
+    slots: torch.Tensor  # [T] int64: the chunk's slot on every row, read by the KV writes
     tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]]  # RoPE cos/sin [T, dim] per rope
     hidden: torch.Tensor  # [T, n_embd]: the residual stream between layers
     query: torch.Tensor  # [T, n_heads, key_dim]: this layer's rotated queries
@@ -45,7 +57,7 @@ class PrefillGraphs:
         self.model, self.cache, self.device = model, cache, device
         self.pool = torch.cuda.graph_pool_handle()
         self.buffers: dict[int, _Buffers] = {}
-        self.graphs: dict[tuple[int, int], list[torch.cuda.CUDAGraph]] = {}
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}  # by chunk length (bucket)
         self.capture_seconds = 0.0
 
     @staticmethod
@@ -60,26 +72,24 @@ class PrefillGraphs:
             for layer in model.layers
         )
 
-    def _buffers(self, n_tokens: int) -> _Buffers:
-        if n_tokens not in self.buffers:
+    def _buffers(self, size: int) -> _Buffers:
+        if size not in self.buffers:
             cfg, dev = self.model.config, self.device
             tables = {
-                rope: (
-                    torch.empty(n_tokens, rope.dim, device=dev),
-                    torch.empty(n_tokens, rope.dim, device=dev),
-                )
+                rope: (torch.empty(size, rope.dim, device=dev), torch.empty(size, rope.dim, device=dev))
                 for rope in self.model.ropes
             }  # filled per chunk by `hidden`
-            self.buffers[n_tokens] = _Buffers(
-                torch.zeros(n_tokens, dtype=torch.long, device=dev),
+            self.buffers[size] = _Buffers(
+                torch.zeros(size, dtype=torch.long, device=dev),
+                torch.zeros(size, dtype=torch.long, device=dev),
                 tables,
-                torch.zeros(n_tokens, cfg.n_embd, device=dev),
-                torch.zeros(n_tokens, cfg.n_heads, cfg.key_dim, device=dev),
-                torch.zeros(n_tokens, cfg.n_heads * cfg.value_dim, device=dev),
+                torch.zeros(size, cfg.n_embd, device=dev),
+                torch.zeros(size, cfg.n_heads, cfg.key_dim, device=dev),
+                torch.zeros(size, cfg.n_heads * cfg.value_dim, device=dev),
             )
-        return self.buffers[n_tokens]
+        return self.buffers[size]
 
-    def _piece(self, index: int, slot: int, buf: _Buffers) -> None:
+    def _piece(self, index: int, buf: _Buffers) -> None:
         """Layer index - 1's tail and layer index's head (either missing at the ends), on the buffers."""
         layers = self.model.layers
         if index > 0:
@@ -90,18 +100,21 @@ class PrefillGraphs:
             attn = layer.attn
             _, normed = layer.pre_attention(buf.hidden)
             q, k, v = attn.heads(*attn.qkv(normed), buf.tables[attn.rope])
-            self.cache.write(index, slot, buf.positions, k, v)
+            # the slot is device data: every row writes into slots[row] (`slot` unused with `slots`)
+            self.cache.write(index, 0, buf.positions, k, v, slots=buf.slots)
             buf.query.copy_(q)
 
-    def _attend(self, index: int, slot: int, end: int, buf: _Buffers) -> None:
-        """Layer index's attention over its cache entries up to `end`, eagerly (its length varies)."""
+    def _attend(self, index: int, slot: int, start: int, n_tokens: int, buf: _Buffers) -> None:
+        """Layer index's attention for the chunk's own rows over the slot's entries up to start + n_tokens,
+        eagerly (its length varies): exactly the eager layer's call. The padding rows get none: their
+        `mixed` rows stay zero (`hidden`)."""
         attn = self.model.layers[index].attn
-        keys, values = self.cache.keys[index][slot], self.cache.values[index][slot]
-        buf.mixed.copy_(
-            attend_cached(buf.query, keys, values, end, attn.scale, attn.window, attn.kernels.prefill)
-        )
+        keys, values = self.cache.entries(index, slot)
+        end, prefill = start + n_tokens, attn.kernels.prefill
+        mixed = attend_cached(buf.query[:n_tokens], keys, values, end, attn.scale, attn.window, prefill)
+        buf.mixed[:n_tokens].copy_(mixed)
 
-    def _capture(self, slot: int, end: int, buf: _Buffers) -> list[torch.cuda.CUDAGraph]:
+    def _capture(self, slot: int, start: int, n_tokens: int, buf: _Buffers) -> list[torch.cuda.CUDAGraph]:
         """Run the chunk piece by piece, capturing each piece right after running it for real."""
         started = time.perf_counter()
         side = torch.cuda.Stream(self.device)
@@ -109,37 +122,68 @@ class PrefillGraphs:
         graphs = []
         with torch.cuda.stream(side):
             for index in range(len(self.model.layers) + 1):
-                self._piece(index, slot, buf)  # the chunk's real work; also compiles and allocates
+                self._piece(index, buf)  # the chunk's real work; also compiles and allocates
                 graph = torch.cuda.CUDAGraph()  # recorded only: the run above did the work
-                record(graph, self.pool, lambda index=index: self._piece(index, slot, buf))
+                record(graph, self.pool, lambda index=index: self._piece(index, buf))
                 graphs.append(graph)
                 if index < len(self.model.layers):
-                    self._attend(index, slot, end, buf)
+                    self._attend(index, slot, start, n_tokens, buf)
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.capture_seconds += time.perf_counter() - started
-        log.debug("captured prefill graphs slot=%d tokens=%d", slot, buf.positions.shape[0])
+        log.debug("captured prefill graphs tokens=%d", buf.positions.shape[0])
         return graphs
 
-    def hidden(self, tokens: torch.Tensor, slot: int, start: int) -> torch.Tensor:
-        """The residual stream after the last layer [T, n_embd] for `tokens` at positions start..;
-        writes their KV like the eager layers. The result is a static buffer: use it before the next call."""
+    def hidden(self, tokens: torch.Tensor, slot: int, start: int, size: int) -> torch.Tensor:
+        """The residual stream after the last layer [T, n_embd] for `tokens` at positions start.., through
+        the graphs of chunks of `size` tokens (T <= size, start + size within the context: the caller's
+        `chunks.replay_size`); writes their KV like the eager layers. The result is a view of a static
+        buffer: use it before the next call.
+
+        The size - T padding rows write KV at positions start + T.. start + size - 1 of the slot, past the
+        prompt's tokens so far. Nothing reads an entry there before the token at that position writes it:
+        the chunk's own attention (`_attend`) reads entries below start + T only; the next chunk or decode
+        step at position p writes entry p before its attention reads it, and reads no later entries (the
+        prefill attention's causal mask; decode attention loads entries 0..index only, `visible` and the
+        Triton kernel's `ok` mask); and a cached prefix (snapshots, prefix reuse) covers positions below the
+        sequence's length. Stale entries past a sequence's end already occur for the same reason
+        (rejected drafts, `KVCache.restore`)."""
         n_tokens = tokens.shape[0]
-        buf = self._buffers(n_tokens)
-        buf.positions.copy_(torch.arange(start, start + n_tokens))
+        buf = self._buffers(size)
+        padded = torch.zeros(size, dtype=torch.long)
+        padded[:n_tokens] = tokens
+        buf.positions.copy_(torch.arange(start, start + size))
+        buf.slots.fill_(slot)
         for rope, (cos, sin) in buf.tables.items():
-            table_cos, table_sin = self.model.rope_tables(rope, start, n_tokens, self.cache)
+            table_cos, table_sin = self.model.rope_tables(rope, start, size, self.cache)
             cos.copy_(table_cos)
             sin.copy_(table_sin)
-        buf.hidden.copy_(self.model.embed(tokens))
-        end, key = start + n_tokens, (slot, n_tokens)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(slot, end, buf)
-            return buf.hidden
-        for index, graph in enumerate(self.graphs[key]):
+        buf.hidden.copy_(self.model.embed(padded))
+        buf.mixed[n_tokens:].zero_()  # the padding rows' attention output, which `_attend` leaves alone
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(slot, start, n_tokens, buf)
+            return buf.hidden[:n_tokens]
+        for index, graph in enumerate(self.graphs[size]):
             graph.replay()
             if index < len(self.model.layers):
-                self._attend(index, slot, end, buf)
-        return buf.hidden
+                self._attend(index, slot, start, n_tokens, buf)
+        return buf.hidden[:n_tokens]
+
+    def prepare(self, sizes: Sequence[int]) -> None:
+        """Capture the graphs of chunks of each of `sizes` tokens now, each on a chunk of token 0 at
+        position 0 of slot 0: call it before any sequence is in slot 0 (at load), whose first entries
+        it writes."""
+        started, before = time.perf_counter(), self.capture_seconds
+        missing = [size for size in sizes if size not in self.graphs]
+        for size in missing:
+            self.hidden(torch.zeros(size, dtype=torch.long), 0, 0, size)
+        torch.cuda.synchronize(self.device)
+        if missing:
+            log.info(
+                "captured prefill graphs for chunks of %s tokens in %.2f s (%.2f s capturing)",
+                ", ".join(map(str, missing)),
+                time.perf_counter() - started,
+                self.capture_seconds - before,
+            )
 
     def release(self) -> None:
         torch.cuda.synchronize(self.device)

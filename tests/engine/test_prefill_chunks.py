@@ -1,0 +1,82 @@
+"""The prefill graphs' chunk buckets (gufo.engine.graphs.chunks): which graphs a chunk of n tokens
+replays, when it runs eagerly instead, which buckets a server captures at load; and, on the CPU with a
+stand-in for the graphs, which chunks `Engine.prefill` hands them (sizes and starts written out)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gufo.engine.engine import Engine
+from gufo.engine.graphs import chunks
+from tests.engine.tiny_model import write_tiny_model
+
+
+def test_buckets_are_powers_of_two_from_sixteen_then_the_batch():
+    assert chunks.buckets(512) == (16, 32, 64, 128, 256, 512)
+    assert chunks.buckets(2048) == (16, 32, 64, 128, 256, 512, 1024, 2048)
+    assert chunks.buckets(100) == (16, 32, 64, 100)
+    assert chunks.buckets(16) == (16,)
+    assert chunks.buckets(10) == (10,)
+    assert chunks.buckets(1) == (1,)
+
+
+@pytest.mark.parametrize(("batch", "sizes"), [(512, (16, 32, 64, 128, 256, 512)), (100, (16, 32, 64, 100))])
+def test_a_chunk_replays_the_smallest_bucket_that_holds_it(batch, sizes):
+    for n in range(1, batch + 1):
+        assert chunks.bucket(n, batch) == min(size for size in sizes if size >= n), n
+
+
+@pytest.mark.parametrize(("n", "batch"), [(0, 512), (513, 512), (17, 16)])
+def test_a_chunk_outside_the_batch_is_refused(n, batch):
+    with pytest.raises(ValueError, match=f"prefill chunk of {n} tokens"):
+        chunks.bucket(n, batch)
+
+
+def test_a_chunk_whose_padding_passes_the_context_runs_eagerly():
+    assert chunks.replay_size(200, 0, 512, 4096) == 256
+    assert chunks.replay_size(200, 3840, 512, 4096) == 256  # its padding ends at the context's end
+    assert chunks.replay_size(200, 3841, 512, 4096) is None
+    assert chunks.replay_size(5, 4080, 512, 4096) == 16
+    assert chunks.replay_size(5, 4081, 512, 4096) is None
+    assert chunks.replay_size(512, 3584, 512, 4096) == 512
+
+
+def test_a_server_captures_the_buckets_its_chunks_reach():
+    assert chunks.prepared_sizes(512, 512, 4096) == (16, 32, 64, 128, 256, 512)
+    assert chunks.prepared_sizes(512, 2048, 4096) == (16, 32, 64, 128, 256, 512)
+    assert chunks.prepared_sizes(300, 2048, 4096) == (16, 32, 64, 128, 256, 512)
+    assert chunks.prepared_sizes(4096, 100, 4096) == (16, 32, 64, 100)
+    assert chunks.prepared_sizes(512, 512, 100) == (16, 32, 64)  # a bucket past the context never runs
+
+
+class RecordedGraphs:
+    """Stands in for `PrefillGraphs` on the CPU: records each chunk it is handed and runs it eagerly."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.calls = engine, []
+
+    def hidden(self, tokens: torch.Tensor, slot: int, start: int, size: int) -> torch.Tensor:
+        self.calls.append((len(tokens), start, size))
+        return self.engine.model.final_hidden(tokens, self.engine.cache, slot, start)
+
+
+def test_prefill_hands_every_chunk_that_fits_to_the_graphs_padded(tmp_path):
+    path = write_tiny_model(tmp_path / "tiny.gguf")
+    engine = Engine(path, context=64, batch_size=32)
+    graphs = engine.prefill_graphs = RecordedGraphs(engine)
+    prompt = [i % 31 + 1 for i in range(45)]  # ids of the 32-token vocabulary
+    engine.prefill(prompt[:40], start=20)  # 32 at 20, then 8 at 52: its 16-bucket would pass 64
+    assert graphs.calls == [(32, 20, 32)]
+    graphs.calls.clear()
+    engine.prefill(prompt, start=10)  # 32 at 10, then 13 at 42 padded to 16 (ends at 58)
+    assert graphs.calls == [(32, 10, 32), (13, 42, 16)]
+    graphs.calls.clear()
+    engine.prefill([3])  # one token: the 16-row bucket
+    assert graphs.calls == [(1, 0, 16)]
+
+
+def test_prefill_without_graphs_needs_no_bucket(tmp_path):
+    engine = Engine(write_tiny_model(tmp_path / "tiny.gguf"), context=64, batch_size=32)
+    assert engine.prefill_graphs is None and engine._replay_size(13, 42) is None
+    engine.prepare_prefill(512)  # nothing to capture on the CPU
