@@ -167,6 +167,14 @@ class AttentionDecodeKernel(Kernel, Protocol):
     ) -> torch.Tensor | Int8Rows: ...
 
 
+def restart_state(state: torch.Tensor, restart: torch.Tensor | None) -> None:
+    """The recurrent ops' `restart`: a [1] int64 device tensor, the position of the pass's first token;
+    where it is 0 the sequence starts afresh, its state counting as zeros (a captured decode step at a
+    position on the device, so no host sync: the kernels read no state then). This is the torch form."""
+    if restart is not None:
+        state.masked_fill_(restart == 0, 0.0)
+
+
 class CausalConvKernel(Kernel, Protocol):
     def apply(
         self,
@@ -174,13 +182,24 @@ class CausalConvKernel(Kernel, Protocol):
         state: torch.Tensor,
         weight: torch.Tensor,
         slots: torch.Tensor | None = None,  # token t advances slot slots[t] of state [slots, C, K - 1]
+        restart: torch.Tensor | None = None,  # one slot's pass only (see `restart_state`)
     ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class DeltaGates:
+    """A Gated DeltaNet's gate parameters per value head ([H] each). Given them, the delta rule takes
+    the projections' logits as g and beta and forms the log decay g = decay * softplus(g + bias)
+    (decay = -exp(A_log)) and beta = sigmoid(beta) itself (on the GPU in the step kernel)."""
+
+    decay: torch.Tensor
+    bias: torch.Tensor
 
 
 class DeltaRuleKernel(Kernel, Protocol):
     def apply(
         self,
-        q: torch.Tensor,
+        q: torch.Tensor,  # [T, Hk, Dk] with Hk dividing H (v's heads): see tiled_heads
         k: torch.Tensor,
         v: torch.Tensor,
         g: torch.Tensor,
@@ -189,6 +208,9 @@ class DeltaRuleKernel(Kernel, Protocol):
         scale: float,
         slots: torch.Tensor | None = None,  # token t advances slot slots[t] of state [slots, H, Dk, Dv]
         qk_norm_eps: float | None = None,  # q and k L2-normalised first with this eps (None: given so)
+        gates: DeltaGates | None = None,  # g and beta are logits (see DeltaGates)
+        tiled_heads: bool = True,  # value head h reads key head h % Hk, else h // (H / Hk)
+        restart: torch.Tensor | None = None,  # one slot's pass only (see `restart_state`)
     ) -> torch.Tensor: ...
 
 
