@@ -93,6 +93,12 @@ class AddRmsNormKernel(Kernel, Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]: ...
 
 
+class GatedRmsNormKernel(Kernel, Protocol):
+    def apply(self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm(x) * weight * silu(z) over the last dim: x, z [T, H, D] (a Gated DeltaNet's output
+        gate); float32."""
+
+
 class RopeKernel(Kernel, Protocol):
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor: ...
 
@@ -304,6 +310,7 @@ LINEAR: Op[LinearKernel] = Op("linear")
 EXPERT_LINEAR: Op[ExpertLinearKernel] = Op("expert_linear")
 RMS_NORM: Op[RmsNormKernel] = Op("rms_norm")
 ADD_RMS_NORM: Op[AddRmsNormKernel] = Op("add_rms_norm")
+GATED_RMS_NORM: Op[GatedRmsNormKernel] = Op("gated_rms_norm")
 ROPE: Op[RopeKernel] = Op("rope")
 RMS_NORM_ROPE: Op[RmsNormRopeKernel] = Op("rms_norm_rope")
 ATTENTION_HEADS: Op[AttentionHeadsKernel] = Op("attention_heads")

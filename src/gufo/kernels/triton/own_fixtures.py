@@ -23,6 +23,7 @@ from gufo.kernels.triton.elementwise import (
     TritonAddRmsNorm,
     TritonAttentionHeads,
     TritonGatedAct,
+    TritonGatedRmsNorm,
     TritonRmsNorm,
     TritonRmsNormRope,
     TritonRope,
@@ -216,10 +217,12 @@ REFERENCE_DELTANET = (6144, 4, 16, 128, 128)
 
 def recurrent_examples(options: KernelOptions) -> Iterator[str]:
     """The recurrent layers' decode steps, as meta tensors, as the mixer launches them (the delta rule
-    forming its gates): one sequence's (its slot's state; restarting, a captured step, and not, an eager
-    one) and a step of several sequences (rows over a layer's state of every slot)."""
+    forming its gates; then the output gate): one sequence's (its slot's state; restarting, a captured
+    step, and not, an eager one) and a step of several sequences (rows over a layer's state of every
+    slot)."""
     launch = DependentLaunch(options.dependent_launch)
     conv, delta = TritonCausalConv1d(launch), TritonGatedDeltaRule(launch)
+    output_gate = TritonGatedRmsNorm(launch)
     channels, width, heads, key_dim, value_dim = REFERENCE_DELTANET
     restart = torch.empty(1, dtype=torch.int64, device="meta")
     parameters = DeltaGates(torch.empty(heads, device="meta"), torch.empty(heads, device="meta"))
@@ -242,6 +245,9 @@ def recurrent_examples(options: KernelOptions) -> Iterator[str]:
         v, gates = torch.empty(n, heads, value_dim, device="meta"), torch.empty(n, heads, device="meta")
         state = torch.empty(*layer, heads, key_dim, value_dim, device="meta")
         delta.apply(qk, qk, v, gates, gates, state, key_dim**-0.5, rows, 1e-6, parameters, True, starts)
+        # the output gate, RMSNorm(out) * silu(z), on the projection's z (a part of its rows: strided)
+        z = torch.empty(n, 2 * heads * value_dim, device="meta")[:, : heads * value_dim]
+        output_gate.apply(v, z.reshape(n, heads, value_dim), torch.empty(value_dim, device="meta"), 1e-6)
 
 
 # in the order `gufo kernels own` records them (the first launch of a configuration is the one compiled)

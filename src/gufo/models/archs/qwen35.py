@@ -206,7 +206,7 @@ class GatedDeltaNet:
             self.tiled_value_heads,
             restart,
         )
-        out = self.norm(out) * F.silu(z.reshape(n, s.value_heads, s.value_dim))
+        out = self.norm.gated(out, z.reshape(n, s.value_heads, s.value_dim))
         return out.reshape(n, -1)
 
 
@@ -236,7 +236,7 @@ class GatedAttention(SelfAttention):
         q_gate, k, v = self.qkv(x)
         q, gate = q_gate.reshape(n, self.cfg.n_heads, 2, self.cfg.key_dim).unbind(2)
         out = self.attend(q, k, v, rope_tables, cache, layer, slot, start_pos)
-        return self.o(out * torch.sigmoid(gate.reshape(n, -1)))
+        return self.o(out * torch.sigmoid(gate).reshape(n, -1))  # sigmoid first: no copy of the strided gate
 
 
 class MultiTokenPrediction:
