@@ -101,6 +101,7 @@ STAGE_OF_OP = {
     "expert_linear": "experts",
     "rms_norm": "norm",
     "add_rms_norm": "norm",
+    "gated_rms_norm": "norm",
     "rms_norm_rope": "norm_rope",
     "rope": "rope",
     "attention_heads": "attention",

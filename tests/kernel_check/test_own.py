@@ -117,6 +117,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     dot = {f.dot_kernel.__name__ for f in gemv_kernels.FORMATS.values()}
     engine |= {"attention_decode_split", "attention_decode_combine"}
     engine |= {"rms_norm_rows", "add_rms_norm_rows", "rope_rows", "rms_norm_rope_rows", "gated_act_rows"}
+    engine.add("gated_rms_norm_rows")
     engine.add("attention_heads_to_cache")
     engine |= {"causal_conv_step", "gated_delta_rule_step"}
     # NVIDIA multiplies float32 activations of these formats on int8 (dp4a) for large weights, and

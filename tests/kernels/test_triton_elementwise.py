@@ -17,6 +17,7 @@ from gufo.kernels.catalog import register_all
 from gufo.kernels.norm import (
     ReferenceAddRmsNorm,
     ReferenceAttentionHeads,
+    ReferenceGatedRmsNorm,
     ReferenceRmsNorm,
     ReferenceRmsNormRope,
 )
@@ -74,6 +75,16 @@ def check_add_rms_norm(rows: int, width: int, device: str = "cpu") -> None:
         x.to(device), h.to(device), weight.to(device), 1e-6
     )
     assert torch.equal(got_sum.cpu(), want_sum)  # one float32 add, exactly
+    torch.testing.assert_close(got.cpu(), want, **TOL)
+
+
+def check_gated_rms_norm(tokens: int, heads: int, width: int, device: str = "cpu") -> None:
+    """Close to the reference, x a delta rule's output, z a part of a fused projection's rows (strided)."""
+    x = randn(tokens, heads, width, seed=width) * 3
+    z = randn(tokens, 3 * heads * width, seed=width + 1)[:, : heads * width].reshape(tokens, heads, width)
+    weight = randn(width, seed=2)
+    want = ReferenceGatedRmsNorm.apply(x, z, weight, 1e-6)
+    got = elementwise.TritonGatedRmsNorm(LAUNCH).apply(x.to(device), z.to(device), weight.to(device), 1e-6)
     torch.testing.assert_close(got.cpu(), want, **TOL)
 
 
@@ -208,6 +219,8 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         "rms_norm-empty": lambda: check_rms_norm(0, 64),
         "add_rms_norm-3x97": lambda: check_add_rms_norm(3, 97),
         "add_rms_norm-empty": lambda: check_add_rms_norm(0, 64),
+        "gated_rms_norm-3x5x40": lambda: check_gated_rms_norm(3, 5, 40),
+        "gated_rms_norm-empty": lambda: check_gated_rms_norm(0, 2, 64),
         "int8-3x96": lambda: check_int8_outputs(3, 96),  # tail blocks of a 128-wide program
         "int8-2x1504": lambda: check_int8_outputs(2, 1504),  # the activation's second program partly full
     }
@@ -260,6 +273,7 @@ def test_row_kernels_check_their_operands():
         contracts.ROPE,
         contracts.GATED_ACT,
         contracts.ADD_RMS_NORM,
+        contracts.GATED_RMS_NORM,
         contracts.RMS_NORM_ROPE,
         contracts.ATTENTION_HEADS,
     ],
@@ -276,6 +290,7 @@ def test_gpu_real_widths():
     check_rms_norm(37, 4096, "cuda")
     check_rms_norm(300, 128, "cuda")  # QK norm: one row per head
     check_add_rms_norm(37, 4096, "cuda")
+    check_gated_rms_norm(5, 48, 128, "cuda")  # Qwen3.5-27B's DeltaNet output gate
     for neox in (True, False):
         check_rope(37, 32, 128, 128, neox, "cuda")
         check_rms_norm_rope(37, 32, 128, 128, neox, "cuda")

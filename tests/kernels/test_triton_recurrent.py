@@ -14,7 +14,7 @@ from triton_interpreter import interpreter_tests
 from gufo.kernels import registry
 from gufo.kernels.catalog import register_all
 from gufo.kernels.causal_conv import ReferenceCausalConv1d
-from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE
+from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE, DeltaGates
 from gufo.kernels.delta_rule import ReferenceGatedDeltaRule
 
 pytest.importorskip("triton")
@@ -124,18 +124,88 @@ def check_sequence_is_its_steps(
     want_state = state.double()
     oracle = (t.double() for t in (q, k, v, g, beta))
     want = ReferenceGatedDeltaRule.apply(*oracle, want_state, scale, None, eps)
-    on_device = [t.to(device) for t in (q, k, v, g, beta)]
+    check_launch_is_its_steps((q, k, v, g, beta), state, scale, (eps,), want, want_state, device)
+
+
+def check_launch_is_its_steps(
+    inputs: tuple[torch.Tensor, ...],
+    state: torch.Tensor,
+    scale: float,
+    options: tuple,
+    want: torch.Tensor,
+    want_state: torch.Tensor,
+    device: str,
+) -> None:
+    """One sequence's op inputs (q, k, v, g, beta; then `options` after the slots) in one launch: close
+    to the float64 oracle's (want, want_state), and bit for bit its tokens stepped one launch each,
+    alone and as slot-indexed decode rows."""
+    on_device = [t.to(device) for t in inputs]
     got_state = state.clone().to(device)
-    got = DELTA_SEQUENCE.apply(*on_device, got_state, scale, None, eps)
+    got = DELTA_SEQUENCE.apply(*on_device, got_state, scale, None, *options)
     torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_state.double().cpu(), want_state, rtol=1e-5, atol=1e-5)
     alone_state, rows_state = state.clone().to(device), state[None].clone().to(device)
     slot = torch.zeros(1, dtype=torch.int64, device=device)
-    for t in range(tokens):
+    for t in range(inputs[0].shape[0]):
         one = [x[t : t + 1] for x in on_device]
-        assert torch.equal(DELTA.apply(*one, alone_state, scale, None, eps)[0], got[t]), t
-        assert torch.equal(DELTA.apply(*one, rows_state, scale, slot, eps)[0], got[t]), t
+        assert torch.equal(DELTA.apply(*one, alone_state, scale, None, *options)[0], got[t]), t
+        assert torch.equal(DELTA.apply(*one, rows_state, scale, slot, *options)[0], got[t]), t
     assert torch.equal(alone_state, got_state) and torch.equal(rows_state[0], got_state)
+
+
+def gate_logits(tokens: int, heads: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """The projections' alpha and beta logits [T, H] and a layer's gate parameters (DeltaGates' decay
+    -exp(A_log) and dt bias [H]), strong decays too."""
+    gen = generator(seed)
+    alpha, b = (torch.randn(tokens, heads, generator=gen) * 3 for _ in range(2))
+    decay = -torch.exp(torch.randn(heads, generator=gen) * 1.5)
+    return alpha, b, decay, torch.randn(heads, generator=gen)
+
+
+def check_gates_and_key_heads(
+    tokens: int, key_heads: int, heads: int, key_dim: int, value_dim: int, tiled: bool, device: str = "cpu"
+) -> None:
+    """With DeltaGates and fewer key heads: close to the float64 reference given the gates and heads
+    formed by hand (torch's softplus and sigmoid, q and k repeated to the value heads); one sequence's
+    tokens in one launch bit for bit those tokens stepped alone and as slot-indexed rows."""
+    gen = generator(tokens + heads)
+    q, k = (torch.randn(tokens, key_heads, key_dim, generator=gen) * 2 for _ in range(2))
+    v = torch.randn(tokens, heads, value_dim, generator=gen)
+    alpha, b, decay, bias = gate_logits(tokens, heads, heads + key_dim)
+    state = torch.randn(heads, key_dim, value_dim, generator=gen) * 0.3
+    scale, eps, per_key = key_dim**-0.5, 1e-6, heads // key_heads
+    expand = (lambda t: t.repeat(1, per_key, 1)) if tiled else (lambda t: t.repeat_interleave(per_key, 1))
+    g, beta = decay * F.softplus(alpha + bias), torch.sigmoid(b)
+    want_state = state.double()
+    oracle = (t.double() for t in (expand(q), expand(k), v, g, beta))
+    want = ReferenceGatedDeltaRule.apply(*oracle, want_state, scale, None, eps)
+    options = (eps, DeltaGates(decay.to(device), bias.to(device)), tiled)
+    check_launch_is_its_steps((q, k, v, alpha, b), state, scale, options, want, want_state, device)
+
+
+def check_restart(device: str = "cpu") -> None:
+    """A one-slot pass given `restart`: at position 0 the state counts as zeros (the result and the state
+    after it those of a pass from a zero state), at any other position it continues the state; for one
+    token and (the chunked and the recurrent prefill) several."""
+    q, k, v, g, beta, states = delta_inputs(2, 16, 8, 5)
+    x, weight, conv_state = torch.randn(3, 6), torch.randn(6, 4), torch.randn(6, 3)
+    for position, tokens in ((0, 1), (4, 1), (0, 3), (4, 3)):
+        restart = torch.tensor([position], device=device)
+        start_delta = states[0] if position else torch.zeros_like(states[0])
+        start_conv = conv_state if position else torch.zeros_like(conv_state)
+        want_conv_state, want_state = start_conv.clone(), start_delta.double()
+        want_conv = ReferenceCausalConv1d.apply(x[:tokens], want_conv_state, weight)
+        oracle = (t[:tokens].double() for t in (q, k, v, g, beta))
+        want = ReferenceGatedDeltaRule.apply(*oracle, want_state, 0.25, None, 1e-6)
+        got_conv_state = conv_state.clone().to(device)
+        got_conv = CONV.apply(x[:tokens].to(device), got_conv_state, weight.to(device), None, restart)
+        assert torch.equal(got_conv.cpu(), want_conv) and torch.equal(got_conv_state.cpu(), want_conv_state)
+        for kernel in (DELTA, DELTA_SEQUENCE):
+            got_state = states[0].clone().to(device)
+            on_device = [t[:tokens].to(device) for t in (q, k, v, g, beta)]
+            got = kernel.apply(*on_device, got_state, 0.25, None, 1e-6, None, True, restart)
+            torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got_state.double().cpu(), want_state, rtol=1e-5, atol=1e-5)
 
 
 def interpreter_cases() -> dict[str, Callable[[], None]]:
@@ -146,6 +216,10 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         "delta-slots-given-normalised": lambda: check_delta_slots(2, 24, 16, False),  # Dk not a power of 2
         "several-tokens-of-one-sequence": check_several_tokens_of_one_sequence,
         "sequence-is-its-steps": lambda: check_sequence_is_its_steps(7, 2, 24, 40),  # partial blocks
+        "gates-key-heads-tiled": lambda: check_gates_and_key_heads(5, 2, 6, 16, 24, True),
+        "gates-key-heads-grouped": lambda: check_gates_and_key_heads(4, 2, 4, 24, 16, False),
+        "gates-one-head-each": lambda: check_gates_and_key_heads(3, 3, 3, 16, 16, True),
+        "restart": check_restart,
     }
 
 
@@ -178,3 +252,5 @@ def test_gpu_real_widths():
     check_conv_slots(6144, 4, "cuda")
     check_delta_slots(16, 128, 128, True, "cuda")
     check_sequence_is_its_steps(300, 48, 128, 128, "cuda")  # Qwen3.5-27B's 48 value heads
+    check_gates_and_key_heads(300, 16, 48, 128, 128, True, "cuda")  # and its 16 key heads
+    check_restart("cuda")

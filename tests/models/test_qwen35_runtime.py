@@ -226,6 +226,27 @@ def test_uncaptured_verification_step_keeps_states_and_hidden_rows(model_path):
     assert not step_cache.recurrent.keeping(0)  # the pass's checkpoints only
 
 
+@torch.inference_mode()
+@pytest.mark.parametrize("n_tokens", [1, 3])
+def test_a_device_position_step_at_zero_starts_the_slot_afresh(model_path, n_tokens):
+    """A step at position 0 on the device (as a captured step replays it; uncaptured here) over a slot
+    whose recurrent state another sequence left: the recurrent kernels restart the state (no host
+    clear), so logits and states are a fresh cache's; a verification step keeps its checkpoints too."""
+    model = build_model(open_model_file(model_path), "torch")
+    fresh_cache, step_cache = model.new_cache(1, 32), model.new_cache(1, 32)
+    model.forward(torch.tensor([4, 4, 8, 1]), step_cache, 0, 0)  # the state the step must not read
+    tokens = [3, 10, 7][:n_tokens]
+    steps = GraphDecoder(model, step_cache, torch.device("cpu"), max_tokens=3, capture=False)
+    checkpoints = [step_cache.recurrent.save(0) for _ in range(n_tokens - 1)]
+    got = steps.decode(tokens, 0, 0, checkpoints if checkpoints else None)
+    for t, token in enumerate(tokens):
+        want = model.forward(torch.tensor([token]), fresh_cache, 0, t)[-1]
+        torch.testing.assert_close(got[t], want, rtol=1e-4, atol=1e-4)
+        kept = checkpoints[t] if t < len(checkpoints) else step_cache.recurrent.save(0)
+        for state, fresh_state in zip(kept, fresh_cache.recurrent.save(0), strict=True):
+            torch.testing.assert_close(state, fresh_state, rtol=1e-4, atol=1e-4)
+
+
 def test_only_attention_layers_hold_kv(model_path):
     engine = Engine(model_path, context=64)
     lengths = [k.shape[2] for k in engine.cache.keys]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from gufo.kernels.contracts import CAUSAL_CONV1D, CausalConvKernel
+from gufo.kernels.contracts import CAUSAL_CONV1D, CausalConvKernel, restart_state
 from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 
@@ -17,16 +17,22 @@ class ReferenceCausalConv1d(CausalConvKernel):
 
     @staticmethod
     def apply(
-        x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor | None = None
+        x: torch.Tensor,
+        state: torch.Tensor,
+        weight: torch.Tensor,
+        slots: torch.Tensor | None = None,
+        restart: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: [T, C]; state: [C, K - 1], advanced in place; weight: [C, K]. Returns [T, C]. With `slots`
-        ([T] int64) state is a layer's [slots, C, K - 1] and token t the next of slot slots[t]."""
+        ([T] int64) state is a layer's [slots, C, K - 1] and token t the next of slot slots[t]; `restart`
+        as `contracts.restart_state` says."""
         if slots is not None:
             rows = [
                 ReferenceCausalConv1d.apply(x[t : t + 1], state[s], weight)
                 for t, s in enumerate(slots.tolist())
             ]
             return torch.cat(rows) if rows else torch.empty_like(x)
+        restart_state(state, restart)
         n_tokens, width = x.shape[0], weight.shape[1]
         window = torch.cat((state, x.T), dim=1)  # [C, K - 1 + T]
         # K shifted multiply-adds: exact float32 on every device (cuDNN's conv may round to TF32)

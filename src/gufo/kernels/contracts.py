@@ -93,6 +93,12 @@ class AddRmsNormKernel(Kernel, Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]: ...
 
 
+class GatedRmsNormKernel(Kernel, Protocol):
+    def apply(self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm(x) * weight * silu(z) over the last dim: x, z [T, H, D] (a Gated DeltaNet's output
+        gate); float32."""
+
+
 class RopeKernel(Kernel, Protocol):
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor: ...
 
@@ -167,6 +173,14 @@ class AttentionDecodeKernel(Kernel, Protocol):
     ) -> torch.Tensor | Int8Rows: ...
 
 
+def restart_state(state: torch.Tensor, restart: torch.Tensor | None) -> None:
+    """The recurrent ops' `restart`: a [1] int64 device tensor, the position of the pass's first token;
+    where it is 0 the sequence starts afresh, its state counting as zeros (a captured decode step at a
+    position on the device, so no host sync: the kernels read no state then). This is the torch form."""
+    if restart is not None:
+        state.masked_fill_(restart == 0, 0.0)
+
+
 class CausalConvKernel(Kernel, Protocol):
     def apply(
         self,
@@ -174,13 +188,24 @@ class CausalConvKernel(Kernel, Protocol):
         state: torch.Tensor,
         weight: torch.Tensor,
         slots: torch.Tensor | None = None,  # token t advances slot slots[t] of state [slots, C, K - 1]
+        restart: torch.Tensor | None = None,  # one slot's pass only (see `restart_state`)
     ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class DeltaGates:
+    """A Gated DeltaNet's gate parameters per value head ([H] each). Given them, the delta rule takes
+    the projections' logits as g and beta and forms the log decay g = decay * softplus(g + bias)
+    (decay = -exp(A_log)) and beta = sigmoid(beta) itself (on the GPU in the step kernel)."""
+
+    decay: torch.Tensor
+    bias: torch.Tensor
 
 
 class DeltaRuleKernel(Kernel, Protocol):
     def apply(
         self,
-        q: torch.Tensor,
+        q: torch.Tensor,  # [T, Hk, Dk] with Hk dividing H (v's heads): see tiled_heads
         k: torch.Tensor,
         v: torch.Tensor,
         g: torch.Tensor,
@@ -189,6 +214,9 @@ class DeltaRuleKernel(Kernel, Protocol):
         scale: float,
         slots: torch.Tensor | None = None,  # token t advances slot slots[t] of state [slots, H, Dk, Dv]
         qk_norm_eps: float | None = None,  # q and k L2-normalised first with this eps (None: given so)
+        gates: DeltaGates | None = None,  # g and beta are logits (see DeltaGates)
+        tiled_heads: bool = True,  # value head h reads key head h % Hk, else h // (H / Hk)
+        restart: torch.Tensor | None = None,  # one slot's pass only (see `restart_state`)
     ) -> torch.Tensor: ...
 
 
@@ -282,6 +310,7 @@ LINEAR: Op[LinearKernel] = Op("linear")
 EXPERT_LINEAR: Op[ExpertLinearKernel] = Op("expert_linear")
 RMS_NORM: Op[RmsNormKernel] = Op("rms_norm")
 ADD_RMS_NORM: Op[AddRmsNormKernel] = Op("add_rms_norm")
+GATED_RMS_NORM: Op[GatedRmsNormKernel] = Op("gated_rms_norm")
 ROPE: Op[RopeKernel] = Op("rope")
 RMS_NORM_ROPE: Op[RmsNormRopeKernel] = Op("rms_norm_rope")
 ATTENTION_HEADS: Op[AttentionHeadsKernel] = Op("attention_heads")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gufo.kernels.contracts import GATED_DELTA_RULE, DeltaRuleKernel
+from gufo.kernels.contracts import GATED_DELTA_RULE, DeltaGates, DeltaRuleKernel, restart_state
 from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 CHUNK = 64
@@ -119,6 +119,25 @@ def scaled_queries_keys(
     return q * scale, k
 
 
+def per_head_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    gates: DeltaGates | None,
+    tiled_heads: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op's q and k repeated to one per value head, and g and beta formed from their logits where
+    `gates` (the op's contract, `DeltaRuleKernel`): the forms' q, k, g, beta."""
+    per_key = v.shape[1] // q.shape[1]
+    if per_key > 1:
+        q, k = (t.repeat(1, per_key, 1) if tiled_heads else t.repeat_interleave(per_key, 1) for t in (q, k))
+    if gates is not None:
+        g, beta = gates.decay * F.softplus(g + gates.bias), torch.sigmoid(beta)
+    return q, k, g, beta
+
+
 class ReferenceGatedDeltaRule(DeltaRuleKernel):
     """One token: the recurrent form; more: the chunked form. q is multiplied by `scale` first. With
     `slots` each token is one decode step of its own sequence (token by token, over its slot's state)."""
@@ -136,7 +155,11 @@ class ReferenceGatedDeltaRule(DeltaRuleKernel):
         scale: float,
         slots: torch.Tensor | None = None,
         qk_norm_eps: float | None = None,
+        gates: DeltaGates | None = None,
+        tiled_heads: bool = True,
+        restart: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        q, k, g, beta = per_head_inputs(q, k, v, g, beta, gates, tiled_heads)
         q, k = scaled_queries_keys(q, k, scale, qk_norm_eps)
         if slots is not None:
             rows = [
@@ -145,6 +168,7 @@ class ReferenceGatedDeltaRule(DeltaRuleKernel):
                 for t, s in enumerate(slots.tolist())
             ]  # fmt: skip
             return torch.cat(rows) if rows else torch.empty_like(v)
+        restart_state(state, restart)
         form = recurrent_delta_rule if q.shape[0] == 1 else chunked_delta_rule
         return form(q, k, v, g, beta, state)
 

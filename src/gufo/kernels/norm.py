@@ -1,19 +1,22 @@
 """RMSNorm: torch reference and the CPU kernel (one C call instead of a handful of torch ops); the
-references of the fused ops a backend may offer: residual add + RMSNorm, RMSNorm + RoPE (QK norm), and a
-decode step's heads written into the KV cache."""
+references of the fused ops a backend may offer: residual add + RMSNorm, RMSNorm gated by silu(z),
+RMSNorm + RoPE (QK norm), and a decode step's heads written into the KV cache."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from gufo.kernels.attention import write_entries
 from gufo.kernels.contracts import (
     ADD_RMS_NORM,
     ATTENTION_HEADS,
+    GATED_RMS_NORM,
     RMS_NORM,
     RMS_NORM_ROPE,
     AddRmsNormKernel,
     AttentionHeadsKernel,
+    GatedRmsNormKernel,
     RmsNormKernel,
     RmsNormRopeKernel,
 )
@@ -64,6 +67,16 @@ class ReferenceAddRmsNorm(AddRmsNormKernel):
     ) -> tuple[torch.Tensor, torch.Tensor | Int8Rows]:
         total = x + h
         return total, ReferenceRmsNorm.apply(total, weight, eps, int8)
+
+
+class ReferenceGatedRmsNorm(GatedRmsNormKernel):
+    """RMSNorm(x) * silu(z): the Gated DeltaNet's output gate, as one op."""
+
+    name = "torch-gated-rms-norm"
+
+    @staticmethod
+    def apply(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return ReferenceRmsNorm.apply(x, weight, eps) * F.silu(z)
 
 
 class ReferenceRmsNormRope(RmsNormRopeKernel):
@@ -118,6 +131,7 @@ KERNELS = (
     Registration(REFERENCE_BACKEND, RMS_NORM, ReferenceRmsNorm()),
     Registration("cpu", RMS_NORM, CpuRmsNorm()),
     Registration(REFERENCE_BACKEND, ADD_RMS_NORM, ReferenceAddRmsNorm()),
+    Registration(REFERENCE_BACKEND, GATED_RMS_NORM, ReferenceGatedRmsNorm()),
     Registration(REFERENCE_BACKEND, RMS_NORM_ROPE, ReferenceRmsNormRope()),
     Registration(REFERENCE_BACKEND, ATTENTION_HEADS, ReferenceAttentionHeads()),
 )

@@ -9,6 +9,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from gufo.errors import BadInputError
 from gufo.formats import dequantize
@@ -18,6 +19,7 @@ from gufo.kernels.contracts import (
     ADD_RMS_NORM,
     ATTENTION_DECODE,
     ATTENTION_PREFILL,
+    GATED_RMS_NORM,
     LINEAR,
     RMS_NORM,
     AttentionDecodeKernel,
@@ -230,6 +232,7 @@ class RMSNorm:
         self.eps = eps
         self.route, self.kernel = registry.lookup(backend, RMS_NORM)
         self.fused_add = own_kernel(backend, ADD_RMS_NORM)
+        self.fused_gate = own_kernel(backend, GATED_RMS_NORM)
 
     def __call__(self, x: torch.Tensor, int8: bool = False) -> torch.Tensor | Int8Rows:
         """The norm of x; with `int8` (only where the consumer `takes_int8`), as `Int8Rows`."""
@@ -248,6 +251,13 @@ class RMSNorm:
             return self.fused_add.apply(x, h, self.weight, self.eps)
         total = x + h
         return total, self(total, int8)
+
+    def gated(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The norm of x times silu(z): one pass where the backend fuses them (a Gated DeltaNet's output
+        gate), else this norm's kernel and the torch gate."""
+        if self.fused_gate is not None:
+            return self.fused_gate.apply(x, z, self.weight, self.eps)
+        return self(x) * F.silu(z)
 
 
 def rows_of(x: torch.Tensor) -> int:

@@ -68,13 +68,9 @@ class RecurrentState:
         for target, value in zip(self.tensors(slot), saved, strict=True):
             target.copy_(value)
 
-    def start(self, slot: int, position: int | torch.Tensor) -> None:
-        """A pass starting at position 0 begins a new sequence: clear the slot. `position` may be a device
-        tensor ([1]; a captured decode step), then the clearing is a masked fill that needs no host sync."""
-        if isinstance(position, torch.Tensor):
-            fresh = position == 0
-            for t in self.tensors(slot):
-                t.masked_fill_(fresh, 0.0)
-        elif position == 0:
+    def start(self, slot: int, position: int) -> None:
+        """A pass starting at position 0 begins a new sequence: clear the slot. (A captured decode step's
+        position is on the device: the layers' kernels start the state afresh there, reading none.)"""
+        if position == 0:
             for t in self.tensors(slot):
                 t.zero_()

@@ -1,5 +1,5 @@
-"""Fused row-wise kernels of a layer: RMSNorm (alone, after a residual add, or before a rotary
-embedding: the QK norm), rotary embedding, gated activation (SwiGLU / GeGLU).
+"""Fused row-wise kernels of a layer: RMSNorm (alone, after a residual add, gated by silu(z), or before
+a rotary embedding: the QK norm), rotary embedding, gated activation (SwiGLU / GeGLU).
 
 Each replaces several torch kernels (a norm is square, mean, rsqrt and two multiplies; RoPE with
 tables is a concatenation and three elementwise passes; the gated activation two) with one pass that
@@ -21,12 +21,14 @@ from gufo.kernels.contracts import (
     ADD_RMS_NORM,
     ATTENTION_HEADS,
     GATED_ACT,
+    GATED_RMS_NORM,
     RMS_NORM,
     RMS_NORM_ROPE,
     ROPE,
     AddRmsNormKernel,
     AttentionHeadsKernel,
     GatedActKernel,
+    GatedRmsNormKernel,
     RmsNormKernel,
     RmsNormRopeKernel,
     RopeKernel,
@@ -92,6 +94,25 @@ def add_rms_norm_rows(
     inv = _inverse_rms(x, K, eps)
     w = tl.load(w_ptr + k, mask=k < K, other=0.0)
     _store_row(x * inv * w, row, 0, K, out_ptr, xq_ptr, xd_ptr, xs_ptr, INT8, BLOCK_K)
+
+
+@triton.jit
+def gated_rms_norm_rows(
+    x_ptr, z_ptr, w_ptr, out_ptr, H, K, stride_xt, stride_xh, stride_zt, stride_zh, eps,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """out[t, h] = RMSNorm(x[t, h]) * w * silu(z[t, h]), one program per (token, head)."""
+    wait_for_inputs(PDL)
+    token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    k = tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + token * stride_xt + head * stride_xh + k, mask=k < K, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + token * stride_zt + head * stride_zh + k, mask=k < K, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + k, mask=k < K, other=0.0)
+    tl.store(
+        out_ptr + (token * H + head) * K + k,
+        x * _inverse_rms(x, K, eps) * w * (z / (1.0 + tl.exp(-z))),
+        mask=k < K,
+    )
 
 
 @triton.jit
@@ -291,6 +312,26 @@ class TritonAddRmsNorm(LaunchedKernel, AddRmsNormKernel):
         return total.reshape(x.shape), out if int8 else out.reshape(x.shape)
 
 
+class TritonGatedRmsNorm(LaunchedKernel, GatedRmsNormKernel):
+    name = "triton-gated-rms-norm"
+
+    def apply(self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        _check_weight(x, weight)
+        if x.dim() != 3 or z.shape != x.shape:
+            raise ValueError(f"gated norm: x {tuple(x.shape)} and z {tuple(z.shape)} must be one [T, H, D]")
+        check_device("z", z, x.device)
+        x, z = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, z))
+        tokens, heads, width = x.shape
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        if x.numel():
+            gated_rms_norm_rows[(tokens, heads)](
+                x, z, weight, out, heads, width, x.stride(0), x.stride(1), z.stride(0), z.stride(1), eps,
+                BLOCK_K=triton.next_power_of_2(width), num_warps=NUM_WARPS, **EXACT,
+                **self.launch.options(x.device),
+            )  # fmt: skip
+        return out
+
+
 def _per_head(
     launch: DependentLaunch,
     kernel: Any,
@@ -410,6 +451,7 @@ def registrations(launch: DependentLaunch) -> tuple[Registration, ...]:
     return (
         Registration("cuda", RMS_NORM, TritonRmsNorm(launch)),
         Registration("cuda", ADD_RMS_NORM, TritonAddRmsNorm(launch)),
+        Registration("cuda", GATED_RMS_NORM, TritonGatedRmsNorm(launch)),
         Registration("cuda", RMS_NORM_ROPE, TritonRmsNormRope(launch)),
         Registration("cuda", ROPE, TritonRope(launch)),
         Registration("cuda", ATTENTION_HEADS, TritonAttentionHeads(launch)),

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType
 
 from gufo.formats import block_shape
 from gufo.kernels.backends import cache_dtype
+from gufo.kernels.contracts import DeltaGates
 from gufo.kernels.expert_groups import group_assignments, tile_rows
 from gufo.kernels.int8_rows import ACT_BLOCK
 from gufo.kernels.triton.attention import PROGRAMS_PER_MULTIPROCESSOR, TritonAttentionDecode
@@ -22,6 +23,7 @@ from gufo.kernels.triton.elementwise import (
     TritonAddRmsNorm,
     TritonAttentionHeads,
     TritonGatedAct,
+    TritonGatedRmsNorm,
     TritonRmsNorm,
     TritonRmsNormRope,
     TritonRope,
@@ -221,13 +223,22 @@ REFERENCE_DELTANET = (6144, 4, 16, 128, 128)
 
 
 def recurrent_examples(options: KernelOptions) -> Iterator[str]:
-    """The recurrent layers' decode steps, as meta tensors: one sequence's (its slot's state) and a step
-    of several sequences (rows over a layer's state of every slot)."""
+    """The recurrent layers' decode steps, as meta tensors, as the mixer launches them (the delta rule
+    forming its gates; then the output gate): one sequence's (its slot's state; restarting, a captured
+    step, and not, an eager one) and a step of several sequences (rows over a layer's state of every
+    slot)."""
     launch = DependentLaunch(options.dependent_launch)
     conv, delta = TritonCausalConv1d(launch), TritonGatedDeltaRule(launch)
+    output_gate = TritonGatedRmsNorm(launch)
     channels, width, heads, key_dim, value_dim = REFERENCE_DELTANET
+    restart = torch.empty(1, dtype=torch.int64, device="meta")
+    parameters = DeltaGates(torch.empty(heads, device="meta"), torch.empty(heads, device="meta"))
     yield "float32"
-    for rows in (None, torch.empty(2, dtype=torch.int64, device="meta")):
+    for rows, starts in (
+        (None, restart),
+        (None, None),
+        (torch.empty(2, dtype=torch.int64, device="meta"), None),
+    ):
         n, layer = (1, ()) if rows is None else (2, (4,))  # a layer's state of 4 slots
         conv_state = torch.empty(*layer, channels, width - 1, device="meta")
         conv.apply(
@@ -235,11 +246,15 @@ def recurrent_examples(options: KernelOptions) -> Iterator[str]:
             conv_state,
             torch.empty(channels, width, device="meta"),
             rows,
+            starts,
         )
         qk = torch.empty(n, heads, key_dim, device="meta")
         v, gates = torch.empty(n, heads, value_dim, device="meta"), torch.empty(n, heads, device="meta")
         state = torch.empty(*layer, heads, key_dim, value_dim, device="meta")
-        delta.apply(qk, qk, v, gates, gates, state, key_dim**-0.5, rows, 1e-6)
+        delta.apply(qk, qk, v, gates, gates, state, key_dim**-0.5, rows, 1e-6, parameters, True, starts)
+        # the output gate, RMSNorm(out) * silu(z), on the projection's z (a part of its rows: strided)
+        z = torch.empty(n, 2 * heads * value_dim, device="meta")[:, : heads * value_dim]
+        output_gate.apply(v, z.reshape(n, heads, value_dim), torch.empty(value_dim, device="meta"), 1e-6)
 
 
 # in the order `gufo kernels own` records them (the first launch of a configuration is the one compiled)

@@ -20,7 +20,14 @@ import triton.language as tl
 
 from gufo.kernels import delta_rule, fla_delta_rule
 from gufo.kernels.causal_conv import ReferenceCausalConv1d
-from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE, CausalConvKernel, DeltaRuleKernel
+from gufo.kernels.contracts import (
+    CAUSAL_CONV1D,
+    GATED_DELTA_RULE,
+    CausalConvKernel,
+    DeltaGates,
+    DeltaRuleKernel,
+    restart_state,
+)
 from gufo.kernels.registry import Registration
 from gufo.kernels.triton.checks import check_device, check_dims, check_dtype, check_size
 from gufo.kernels.triton.dependent_launch import DependentLaunch, LaunchedKernel, wait_for_inputs
@@ -36,23 +43,28 @@ NUM_WARPS = 4
 
 @triton.jit
 def causal_conv_step(
-    x_ptr, state_ptr, w_ptr, slot_ptr, out_ptr, C, stride_xt, stride_ss, stride_sc,
-    W: tl.constexpr, SLOTS: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, state_ptr, w_ptr, slot_ptr, restart_ptr, out_ptr, C, stride_xt, stride_ss, stride_sc,
+    W: tl.constexpr, SLOTS: tl.constexpr, RESTART: tl.constexpr, BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (token, BLOCK_C channels): out = sum_j w[:, j] window[:, j] over the window [state, x] (W taps,
     summed in tap order as the reference does), and the state's W - 1 columns shifted by one. The state
-    is slot slot_ptr[token]'s (SLOTS), else the one slot given."""
+    is slot slot_ptr[token]'s (SLOTS), else the one slot given; with RESTART it counts as zeros (unread)
+    where restart_ptr[0], the position, is 0."""
     wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = c < C
+    state_mask = mask
     if SLOTS:
         state_ptr += tl.load(slot_ptr + token) * stride_ss
+    if RESTART:
+        state_mask = mask & (tl.load(restart_ptr) != 0)
     column = state_ptr + c * stride_sc
     x = tl.load(x_ptr + token * stride_xt + c, mask=mask, other=0.0).to(tl.float32)
     w_row = w_ptr + c * W
     for j in tl.static_range(W):
-        tap = tl.load(column + j, mask=mask, other=0.0) if j < W - 1 else x
+        tap = tl.load(column + j, mask=state_mask, other=0.0) if j < W - 1 else x
         if j == 0:
             out = tap * tl.load(w_row, mask=mask, other=0.0)
         else:
@@ -63,21 +75,26 @@ def causal_conv_step(
 
 @triton.jit(do_not_specialize=["steps"])
 def gated_delta_rule_step(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr, out_ptr, H, DK, DV, steps,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, decay_ptr, bias_ptr, state_ptr, slot_ptr, restart_ptr, out_ptr,
+    H, KH, DK, DV, steps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
     stride_ss, stride_sh, stride_sk, scale, eps,
-    NORM: tl.constexpr, SLOTS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    PDL: tl.constexpr,
+    NORM: tl.constexpr, GATES: tl.constexpr, TILED: tl.constexpr, SLOTS: tl.constexpr,
+    RESTART: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (row, head, BLOCK_V value columns), `steps` decode steps of the row's tokens row * steps, ...:
     S <- exp(g) S, then S <- S + k (beta (v - S^T k))^T, out = S^T (scale q), on the columns' [DK,
     BLOCK_V] tile of the state (each column's update reads only that column), held in registers between
-    the steps. q and k L2-normalised first (NORM). The state is slot slot_ptr[row]'s (SLOTS: one step per
-    row), else the one slot given. Launched without fused multiply-adds, so a step's numbers are the same
-    whatever the number of steps."""
+    the steps. q and k have KH heads: value head h reads key head h % KH (TILED), else h // (H / KH); L2-
+    normalised first (NORM). With GATES g and beta are logits: g = decay * softplus(g + bias), beta =
+    sigmoid(beta) (`contracts.DeltaGates`). The state is slot slot_ptr[row]'s (SLOTS: one step per row),
+    else the one slot given; with RESTART it counts as zeros (unread) where restart_ptr[0], the position,
+    is 0. Launched without fused multiply-adds, so a step's numbers are the same whatever the number of
+    steps."""
     wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    key_head = head % KH if TILED else head // (H // KH)
     dk = tl.arange(0, BLOCK_K)
     dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     k_mask, v_mask = dk < DK, dv < DV
@@ -85,11 +102,20 @@ def gated_delta_rule_step(
         state_ptr += tl.load(slot_ptr + row) * stride_ss
     tile = state_ptr + head * stride_sh + dk[:, None] * stride_sk + dv[None, :]
     tile_mask = k_mask[:, None] & v_mask[None, :]
-    s = tl.load(tile, mask=tile_mask, other=0.0)
+    if RESTART:
+        s = tl.load(tile, mask=tile_mask & (tl.load(restart_ptr) != 0), other=0.0)
+    else:
+        s = tl.load(tile, mask=tile_mask, other=0.0)
+    if GATES:
+        decay, bias = tl.load(decay_ptr + head).to(tl.float32), tl.load(bias_ptr + head).to(tl.float32)
     for step in range(steps):
         token = row * steps + step
-        q = tl.load(q_ptr + token * stride_qt + head * stride_qh + dk, mask=k_mask, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + token * stride_kt + head * stride_kh + dk, mask=k_mask, other=0.0).to(tl.float32)
+        q_row, k_row = (
+            q_ptr + token * stride_qt + key_head * stride_qh,
+            k_ptr + token * stride_kt + key_head * stride_kh,
+        )
+        q = tl.load(q_row + dk, mask=k_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_row + dk, mask=k_mask, other=0.0).to(tl.float32)
         if NORM:
             q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
             k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
@@ -97,6 +123,10 @@ def gated_delta_rule_step(
         v = tl.load(v_ptr + token * stride_vt + head * stride_vh + dv, mask=v_mask, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + token * stride_gt + head).to(tl.float32)
         beta = tl.load(beta_ptr + token * stride_bt + head).to(tl.float32)
+        if GATES:  # torch's softplus: x itself above 20
+            g = g + bias
+            g = decay * tl.where(g > 20.0, g, tl.log(1.0 + tl.exp(g)))
+            beta = tl.sigmoid(beta)
         s = s * tl.exp(g)
         remembered = tl.sum(k[:, None] * s, axis=0)  # S^T k: what the state already returns for k
         s = s + k[:, None] * ((v - remembered) * beta)[None, :]
@@ -120,18 +150,39 @@ def _slot_args(
     return slots, state.stride(0), state[0]
 
 
+def _restart_arg(
+    restart: torch.Tensor | None, slots: torch.Tensor | None, state: torch.Tensor, unread: torch.Tensor
+) -> tuple:
+    """(restart pointer, RESTART) of a launch (`contracts.restart_state`; one slot's pass only); without
+    a restart the pointer is `unread`, as in `_slot_args`."""
+    if restart is None:
+        return unread, False
+    if slots is not None:
+        raise ValueError("restart: a step of several slots' rows starts none (their caller clears them)")
+    check_device("restart", restart, state.device)
+    check_dtype("restart", restart, (torch.int64,))
+    check_size("restart entries", restart.numel(), 1)
+    return restart, True
+
+
 class TritonCausalConv1d(LaunchedKernel, CausalConvKernel):
     name = "triton-causal-conv1d"
 
     def apply(
-        self, x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        state: torch.Tensor,
+        weight: torch.Tensor,
+        slots: torch.Tensor | None = None,
+        restart: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The reference's contract (`gufo.kernels.causal_conv`), one launch for tokens of distinct
         sequences (or a lone token); bit for bit the reference's sums (no fused multiply-adds)."""
         if slots is None and x.shape[0] != 1:
-            return ReferenceCausalConv1d.apply(x, state, weight)
+            return ReferenceCausalConv1d.apply(x, state, weight, None, restart)
         check_dims("x", x, 2)
         slot_ptr, slot_stride, one = _slot_args(state, slots, x.shape[0], 2, weight)
+        restart_ptr, restarts = _restart_arg(restart, slots, state, weight)
         channels, width = weight.shape
         check_size("state channels", one.shape[0], channels)
         check_size("state columns (kernel - 1)", one.shape[1], width - 1)
@@ -145,8 +196,9 @@ class TritonCausalConv1d(LaunchedKernel, CausalConvKernel):
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         if x.shape[0]:
             causal_conv_step[(x.shape[0], triton.cdiv(channels, CONV_BLOCK))](
-                x, state, weight, slot_ptr, out, channels, x.stride(0), slot_stride, one.stride(0),
-                W=width, SLOTS=slots is not None, BLOCK_C=CONV_BLOCK, num_warps=NUM_WARPS,
+                x, state, weight, slot_ptr, restart_ptr, out, channels, x.stride(0), slot_stride,
+                one.stride(0), W=width, SLOTS=slots is not None, RESTART=restarts, BLOCK_C=CONV_BLOCK,
+                num_warps=NUM_WARPS,
                 enable_fp_fusion=False, **self.launch.options(x.device),
             )  # fmt: skip
         return out
@@ -173,23 +225,38 @@ class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
         scale: float,
         slots: torch.Tensor | None = None,
         qk_norm_eps: float | None = None,
+        gates: DeltaGates | None = None,
+        tiled_heads: bool = True,
+        restart: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The reference's contract (`gufo.kernels.delta_rule`), one launch for tokens of distinct
-        sequences, a lone token or (prefill "recurrent") the tokens of one: q, k [T, H, Dk], v [T, H,
-        Dv], g, beta [T, H] -> [T, H, Dv] float32."""
+        sequences, a lone token or (prefill "recurrent") the tokens of one: q, k [T, Hk, Dk], v [T, H,
+        Dv], g, beta [T, H] -> [T, H, Dv] float32; the gates and the key head of each value head formed
+        in the kernel."""
         one_sequence = slots is None and q.shape[0] != 1
         if one_sequence and self.chunked is not None:
+            q, k, g, beta = delta_rule.per_head_inputs(q, k, v, g, beta, gates, tiled_heads)
             q, k = delta_rule.scaled_queries_keys(q, k, scale, qk_norm_eps)
+            restart_state(state, restart)
             return self.chunked(q, k, v, g, beta, state)
         slot_ptr, slot_stride, one = _slot_args(state, slots, q.shape[0], 3, v)
-        n_tokens, n_heads, key_dim = q.shape
-        value_dim = v.shape[-1]
+        restart_ptr, restarts = _restart_arg(restart, slots, state, v)
+        n_tokens, key_heads, key_dim = q.shape
+        n_heads, value_dim = v.shape[1:]
+        if n_heads % max(key_heads, 1):
+            raise ValueError(f"q: {key_heads} heads do not divide v's {n_heads}")
+        per_head = (n_heads,)
         for what, tensor, shape in (
             ("k", k, q.shape),
             ("v", v, (n_tokens, n_heads, one.shape[-1])),
             ("g", g, (n_tokens, n_heads)),
             ("beta", beta, (n_tokens, n_heads)),
             ("state", one, (n_heads, key_dim, value_dim)),
+            *(
+                (("gates.decay", gates.decay, per_head), ("gates.bias", gates.bias, per_head))
+                if gates
+                else ()
+            ),
         ):
             if tuple(tensor.shape) != tuple(shape):
                 raise ValueError(f"{what}: shape {tuple(tensor.shape)}, expected {tuple(shape)}")
@@ -198,15 +265,17 @@ class TritonGatedDeltaRule(LaunchedKernel, DeltaRuleKernel):
             raise ValueError("delta rule: state rows must be contiguous")
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         g, beta = (t if t.stride(-1) == 1 else t.contiguous() for t in (g, beta))
+        decay, bias = (gates.decay.contiguous(), gates.bias.contiguous()) if gates else (v, v)
         out = torch.empty(n_tokens, n_heads, value_dim, dtype=torch.float32, device=q.device)
         if n_tokens:
             block_v = min(VALUE_BLOCK, triton.next_power_of_2(value_dim))
             rows, steps = (1, n_tokens) if one_sequence else (n_tokens, 1)
             gated_delta_rule_step[(rows, n_heads, triton.cdiv(value_dim, block_v))](
-                q, k, v, g, beta, state, slot_ptr, out, n_heads, key_dim, value_dim, steps,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0),
-                beta.stride(0), slot_stride, one.stride(0), one.stride(1), scale, qk_norm_eps or 0.0,
-                NORM=qk_norm_eps is not None, SLOTS=slots is not None,
+                q, k, v, g, beta, decay, bias, state, slot_ptr, restart_ptr, out, n_heads, key_heads,
+                key_dim, value_dim, steps, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+                v.stride(1), g.stride(0), beta.stride(0), slot_stride, one.stride(0), one.stride(1), scale,
+                qk_norm_eps or 0.0, NORM=qk_norm_eps is not None, GATES=gates is not None,
+                TILED=tiled_heads, SLOTS=slots is not None, RESTART=restarts,
                 BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, num_warps=NUM_WARPS,
                 enable_fp_fusion=False, **self.launch.options(q.device),
             )  # fmt: skip

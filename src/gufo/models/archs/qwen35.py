@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.kernels import backends, registry
-from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE
+from gufo.kernels.contracts import CAUSAL_CONV1D, GATED_DELTA_RULE, DeltaGates
 from gufo.kernels.positions import TokenPositions
 from gufo.models.base import (
     PER_TOKEN_MAX_TOKENS,
@@ -111,8 +111,10 @@ class GatedDeltaNet:
         self.shape, self.eps = shape, eps
         self.in_proj = FusedLinear(mf, names, backend)
         self.conv_weight = vector(mf, f"{prefix}.ssm_conv1d.weight").reshape(s.channels, -1).to(device)
-        self.dt_bias = vector(mf, f"{prefix}.ssm_dt.bias").to(device)
-        self.a = vector(mf, f"{prefix}.ssm_a").to(device)  # -exp(A_log), stored so by the converter
+        # decay -exp(A_log), stored so by the converter; the delta rule forms g and beta from them
+        self.gates = DeltaGates(
+            vector(mf, f"{prefix}.ssm_a").to(device), vector(mf, f"{prefix}.ssm_dt.bias").to(device)
+        )
         self.norm = RMSNorm(mf, f"{prefix}.ssm_norm.weight", eps, backend)
         self.out = Linear(mf, f"{prefix}.ssm_out.weight", backend)
         _, self.conv = registry.lookup(backend, CAUSAL_CONV1D)
@@ -132,10 +134,6 @@ class GatedDeltaNet:
         """The projections read float rows (their int8 handoff is not wired for this mixer)."""
         return False
 
-    def _per_value_head(self, t: torch.Tensor, per_key: int) -> torch.Tensor:
-        """Key heads [T, key_heads, D] -> one per value head, in the file's value-head order."""
-        return t.repeat(1, per_key, 1) if self.tiled_value_heads else t.repeat_interleave(per_key, 1)
-
     def linears(self) -> list[Linear]:
         return [*self.in_proj.parts, self.out]
 
@@ -152,9 +150,11 @@ class GatedDeltaNet:
         (a captured verification step), each token after the (batched) input projections runs the mixer
         as its own one-token step would, conv and delta-rule state advanced token by token (and kept
         after each where asked). With a `DevicePosition` of several slots each token is the next of its
-        own slot's sequence, all in one pass of the kernels."""
+        own slot's sequence, all in one pass of the kernels. A one-slot pass at a `DevicePosition` starts
+        the state afresh where its first position is 0, in the kernels (`contracts.restart_state`)."""
         state = cache.recurrent
         rows = start_pos.slots if isinstance(start_pos, DevicePosition) else None
+        restart = start_pos.index[:1] if isinstance(start_pos, DevicePosition) and rows is None else None
         if rows is None:
             conv, delta = state.conv[layer][slot], state.delta[layer][slot]
         else:
@@ -163,11 +163,12 @@ class GatedDeltaNet:
         if isinstance(start_pos, TokenPositions) or (rows is None and state.keeping(slot)):
             steps = []
             for t in range(x.shape[0]):
-                steps.append(self.mix(*(p[t : t + 1] for p in projected), conv, delta))
+                first = restart if t == 0 else None
+                steps.append(self.mix(*(p[t : t + 1] for p in projected), conv, delta, None, first))
                 state.stepped(layer, slot, t)
             out = torch.cat(steps)
         else:
-            out = self.mix(*projected, conv, delta, rows)
+            out = self.mix(*projected, conv, delta, rows, restart)
         return self.out(out)
 
     def mix(
@@ -179,23 +180,33 @@ class GatedDeltaNet:
         conv: torch.Tensor,
         delta: torch.Tensor,
         slots: torch.Tensor | None = None,
+        restart: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Projected rows -> the output projection's input [T, value_heads * value_dim], advancing the
         slot's conv window and delta-rule state; with `slots` ([T] int64) conv and delta are the layer's
-        state of every slot and row t advances slot slots[t]'s."""
+        state of every slot and row t advances slot slots[t]'s. `restart`: `contracts.restart_state`."""
         s, n = self.shape, qkv.shape[0]
-        mixed = F.silu(self.conv.apply(qkv, conv, self.conv_weight, slots))
+        mixed = F.silu(self.conv.apply(qkv, conv, self.conv_weight, slots, restart))
         q, k, v = mixed.split(
             [s.key_heads * s.key_dim, s.key_heads * s.key_dim, s.value_heads * s.value_dim], -1
         )
         q, k = q.reshape(n, s.key_heads, s.key_dim), k.reshape(n, s.key_heads, s.key_dim)
-        if s.value_heads != s.key_heads:
-            q, k = (self._per_value_head(t, s.value_heads // s.key_heads) for t in (q, k))
-        g = self.a * F.softplus(a + self.dt_bias)
         v = v.reshape(n, s.value_heads, s.value_dim)
-        beta = torch.sigmoid(b)
-        out = self.delta_rule.apply(q, k, v, g, beta, delta, s.key_dim**-0.5, slots, self.eps)
-        out = self.norm(out) * F.silu(z.reshape(n, s.value_heads, s.value_dim))
+        out = self.delta_rule.apply(
+            q,
+            k,
+            v,
+            a,
+            b,
+            delta,
+            s.key_dim**-0.5,
+            slots,
+            self.eps,
+            self.gates,
+            self.tiled_value_heads,
+            restart,
+        )
+        out = self.norm.gated(out, z.reshape(n, s.value_heads, s.value_dim))
         return out.reshape(n, -1)
 
 
@@ -225,7 +236,7 @@ class GatedAttention(SelfAttention):
         q_gate, k, v = self.qkv(x)
         q, gate = q_gate.reshape(n, self.cfg.n_heads, 2, self.cfg.key_dim).unbind(2)
         out = self.attend(q, k, v, rope_tables, cache, layer, slot, start_pos)
-        return self.o(out * torch.sigmoid(gate.reshape(n, -1)))
+        return self.o(out * torch.sigmoid(gate).reshape(n, -1))  # sigmoid first: no copy of the strided gate
 
 
 class MultiTokenPrediction:
@@ -427,13 +438,12 @@ class Qwen35Model(DecoderModel):
         per_token: bool = False,
     ) -> torch.Tensor:
         """As `DecoderModel.final_hidden`; a pass from position 0 starts the slot's recurrent state afresh,
-        any other continues it (so it must continue the sequence the state holds). A step of several
-        sequences (a `DevicePosition` with slots) continues every row's: the caller clears the slots of
-        rows at position 0 first (`GraphDecoder.decode_rows`)."""
+        any other continues it (so it must continue the sequence the state holds): here at a host
+        position, in the recurrent kernels at a `DevicePosition` (`GatedDeltaNet.__call__`). A step of
+        several sequences (a `DevicePosition` with slots) continues every row's: the caller clears the
+        slots of rows at position 0 first (`GraphDecoder.decode_rows`)."""
         if cache.recurrent is None:
             raise TypeError(f"{self.config.architecture} needs the cache of its new_cache (recurrent state)")
         if not isinstance(start_pos, DevicePosition):
             cache.recurrent.start(slot, start_pos)
-        elif start_pos.slots is None:  # the first token's position (a verification step has several)
-            cache.recurrent.start(slot, start_pos.index[:1])
         return super().final_hidden(tokens, cache, slot, start_pos, per_token)
