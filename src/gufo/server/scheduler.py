@@ -20,7 +20,7 @@ whole chunks of prefilled tokens, never decoded ones (docs/decisions.md, "Greedy
 the request alone").
 
 A request reuses such a prefix from any slot, free or running, not only the one it is admitted into:
-at admission and before each of its prefill chunks it copies the KV of the longest one another slot
+before each of its prefill chunks it copies the KV of the longest one another slot
 holds (`Engine.copy_prefix`; not with recurrent state, which only continues a whole sequence). Jobs take
 their chunks in admission order, so among prompts that share a prefix the first computes each chunk of
 it and the others copy that chunk at their turn in the same step.
@@ -297,7 +297,6 @@ class Scheduler:
             self.metrics.admitted(len(prompt), reused)
             try:
                 job.sampler = Sampler(job.params, prompt_length=len(prompt), constraint=job.constraint)
-                self._copy_prefix(job)
             except Exception as err:  # e.g. a seed torch refuses: this request fails, not the worker
                 log.exception("admitting a request failed")
                 self._fail(job, err)
