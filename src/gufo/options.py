@@ -49,7 +49,7 @@ class KernelOptions:
     # programmatic dependent launch on sm_90+ (each kernel's prologue overlaps the previous one's tail)
     dependent_launch: bool = True
     # the products of 1..64 int8 activation rows of Q4_K, Q6_K and Q8_0 weights: "vector" (gemv_int8, up
-    # to 16 rows) or "tensor" (rows_int8: tensor-core tiles of 16 to 64 rows, every row count of a run alike)
+    # to 16 rows) or "tensor" (rows_int8: tensor-core tiles of 16 rows, every row count of a run alike)
     row_products: str = "vector"
     # how the gated delta rule runs a prompt's tokens: "recurrent" (gufo's Triton decode step over them in
     # one launch), or a chunked form, "fla" (fla-core's Triton kernels) or "torch" (gufo.kernels.

@@ -7,8 +7,8 @@ gemv_kernels / gemv_int8 runs, its tile shape, its split of K, and the launch it
     BLOCK_M = 16 (on ROCm that tile spilled registers on gfx1151, so AMD keeps the vector path until
     it is tuned);
   - with `tensor_rows` (KernelOptions.row_products = "tensor"), int8 activations of 1..MAX_TENSOR_ROWS
-    rows of the TENSOR_ROW_FORMATS on NVIDIA: rows_int8's tensor-core tiles, for every row count alike,
-    one tile of 16, 32 or 64 rows by M (`tensor_block_m`; AMD keeps the vector path, as above).
+    rows of the TENSOR_ROW_FORMATS on NVIDIA: rows_int8's tensor-core tiles, for every row count alike
+    (AMD keeps the vector path, as above).
 Block sizes are ones that compiled without register spills for sm_90 and gfx1151. M > 16 is the
 prefill's (prefill_gemm), except for products on the tensor-core rows (`skinny`).
 
@@ -163,35 +163,16 @@ def fitted(qtype: GGMLQuantizationType, config: DecodeConfig, k: int) -> DecodeC
 
 TENSOR_ROW_FORMATS = tuple(rows_int8.KERNELS)  # int8 rows on the tensor cores (rows_int8.py)
 MAX_TENSOR_ROWS = rows_int8.MAX_TENSOR_ROWS
-# Heights (BLOCK_M) of rows_int8's tiles: a product takes the lowest that holds all its rows, so that one
-# program per output tile loads and unpacks each weight tile once (not once per 16 rows), and a step of
-# few rows does not pay for the float part of 64
-TENSOR_BLOCK_M = (16, 32, MAX_TENSOR_ROWS)
-# rows_int8's tiles by format, one super-block (256 columns) per K step: BLOCK_N, one for every BLOCK_M
-# (the split of K follows from the output tiles, so a BLOCK_N by M would give rows of different M
-# different splits), and num_warps by BLOCK_M, the fewest registers per thread of those tried (the acc
-# tile is BLOCK_M x BLOCK_N float32; Q4_K's 64 x 64 on 4 warps had a 336-byte stack frame). All compiled
-# without scratch for sm_90 (`gufo kernels own --target sm_90`, Triton 3.6)
-TENSOR_TILES = {
-    Q.Q8_0: (64, {16: 4, 32: 8, 64: 16}),
-    Q.Q4_K: (64, {16: 4, 32: 8, 64: 16}),
-    Q.Q6_K: (64, {16: 8, 32: 8, 64: 16}),
-}
+# (BLOCK_N, num_warps) of rows_int8 by format, one super-block (256 columns) per K step: compiled without
+# scratch for sm_90 (`gufo kernels own --target sm_90`)
+TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 8)}
 TENSOR_STEP = 256
 
 
-def tensor_block_m(rows: int) -> int:
-    """BLOCK_M of rows_int8 for a product of `rows` rows: the lowest of TENSOR_BLOCK_M that holds them,
-    else the tallest, repeated along M (scripts/rows_products_bench.py times TENSOR_BLOCK_M = (16,),
-    the fixed 16-row tiles, against the default). Each row's numbers are the same either way."""
-    return next((height for height in TENSOR_BLOCK_M if rows <= height), TENSOR_BLOCK_M[-1])
-
-
-def tensor_config(qtype: GGMLQuantizationType, block_m: int) -> VectorConfig:
-    """Launch shape of rows_int8's kernel for a weight of a TENSOR_ROW_FORMATS format, tiles of block_m
-    rows (`tensor_block_m`)."""
+def tensor_config(qtype: GGMLQuantizationType) -> VectorConfig:
+    """Launch shape of rows_int8's kernel for a weight of a TENSOR_ROW_FORMATS format."""
     block_n, warps = TENSOR_TILES[qtype]
-    return VectorConfig(block_n, TENSOR_STEP, warps[block_m])
+    return VectorConfig(block_n, TENSOR_STEP, warps)
 
 
 def runs_on_int8(weight: TritonWeight, int8_min_weights: int) -> bool:
@@ -301,9 +282,9 @@ def gemv(
     ids: tuple[torch.Tensor | None, ...] = ()  # the vector kernels' ids_ptr (None: not indexed)
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
     if tensor:
-        block_m = tensor_block_m(m)
-        tile = tensor_config(weight.qtype, block_m)
-        kernel, block_n, step, warps, int8 = None, tile.block_n, tile.step, tile.num_warps, True
+        tile = tensor_config(weight.qtype)
+        kernel, block_n, step, warps = None, tile.block_n, tile.step, tile.num_warps
+        block_m, int8 = rows_int8.BLOCK_M, True
     elif dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None and not indexed:
         kernel, block_m, block_n, step, warps = fmt.dot_kernel, MAX_BLOCK_M, DOT_BLOCK_N, fmt.step, NUM_WARPS
         int8 = False
@@ -321,8 +302,7 @@ def gemv(
         raise ValueError("a DecodeConfig given to a product off the int8 vector kernels")
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
-    # indexed: one expert's split, whatever the assignments; tensor: whatever block_m (batch invariance)
-    if splits is None:
+    if splits is None:  # indexed: one expert's split, whatever the assignments (batch invariance)
         splits = _splits(x.device, grid_n, n_steps)
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
@@ -330,8 +310,8 @@ def gemv(
     if m and tensor:
         rows = x2 if quantized else gemv_int8.quantize_rows(x2, launch)
         rows_int8.launch(
-            rows, weight.qtype, weight.planes, out, (grid_n, splits, grid_m), n_steps, per_split, block_m,
-            block_n, step, warps, launch.options(out.device),
+            rows, weight.qtype, weight.planes, out, (grid_n, splits, grid_m), n_steps, per_split, block_n,
+            step, warps, launch.options(out.device),
         )  # fmt: skip
     elif m and int8:
         grid = (grid_n, splits, grid_m)

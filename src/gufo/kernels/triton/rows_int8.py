@@ -2,21 +2,16 @@
 
 The vector kernels of gemv_int8.py repeat every 4-way dot product once per activation row, so at 16
 rows they are bound by arithmetic (docs/decisions.md, "Tensor-core decode rows"). Here the weights of
-one 32-column block are unpacked once to int8 [32, BLOCK_N] in registers and meet a tile of BLOCK_M
-activation rows (rows past M are zero) in one integer `tl.dot`: the exact int32 sums of the block for
-all BLOCK_M rows. BLOCK_M grows with M (16, 32 or 64: launch.tensor_block_m), so that all the rows of
-a decode step share one program per output tile and each weight tile is loaded and unpacked once,
-not once per 16 rows. The float part then scales and accumulates the sums block after block, in the
+one 32-column block are unpacked once to int8 [32, BLOCK_N] in registers and meet a fixed tile of
+BLOCK_M = 16 activation rows (rows past M are zero) in one integer `tl.dot`: the exact int32 sums of
+the block for all 16 rows. The float part then scales and accumulates them block after block, in the
 same order and with the same instructions for every row: per block and row, (activation scale x
 weight scale) x sum; Q4_K's minimums through the activation sums, as in gemv_int8; Q6_K's -32 inside
 the int8 weights (q - 32 fits: no activation sums), its 16-column scales as two dots with the other
-half of the activations zeroed. Every float operation is elementwise per (row, output column), never
-across rows, and without fused multiply-adds (`launch`), so a row's result depends on that row alone:
-never on the other rows, M, BLOCK_M, or which tile along M holds it (batch invariance by
-construction); the integer sums are exact whatever the tile's height. The split of K depends on the
-output tiles only (launch._splits), never on BLOCK_M. The float part runs on all BLOCK_M rows of a
-tile whatever M is, so it is kept to a few full-rate instructions per tile element (`_exact_float`,
-`_block_product`).
+half of the activations zeroed. A row's result therefore depends on that row alone: never on the other
+rows, M, or which tile along M holds it (batch invariance by construction). The split of K depends on
+the output tiles only (launch._splits). The float part runs on all 16 rows of a tile whatever M is, so
+it is kept to a few full-rate instructions per tile element (`_exact_float`, `_block_product`).
 
 It is not bit-identical to the vector kernels (their sums run in another order): the engine takes one
 route for all its decode products (KernelOptions.row_products), so its output never depends on how
@@ -36,7 +31,8 @@ from gufo.kernels.triton.jit_helpers import store_partials, vector_program
 
 Q = GGMLQuantizationType
 
-MAX_TENSOR_ROWS = 64  # most rows per product on this route (decode rows)
+BLOCK_M = 16  # activation rows per tile, whatever M is (the smallest int8 tensor-core tile)
+MAX_TENSOR_ROWS = 64  # most rows per product on this route (decode rows; the tile repeats along M)
 
 
 @triton.jit
@@ -176,20 +172,19 @@ def launch(
     grid: tuple[int, int, int],
     n_steps: int,
     per_split: int,
-    block_m: int,
     block_n: int,
     step: int,
     warps: int,
     options: dict[str, bool],
 ) -> None:
     """out[split, m, n] of int8 rows x [M, K] and a weight's planes (planes.py); grid (output tiles,
-    splits, row tiles of block_m); `options` the dependent-launch ones (DependentLaunch.options)."""
+    splits, row tiles of BLOCK_M); `options` the dependent-launch ones (DependentLaunch.options)."""
     m, k = x.shape
     xq, xd, xs = x
     words = tuple(p.view(torch.int32) if i == SCALE_WORDS.get(qtype) else p for i, p in enumerate(planes))
     KERNELS[qtype][grid](
         xq, xd, xs, *words, out, m, out.shape[-1], k, n_steps, per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, num_warps=warps, enable_fp_fusion=False, **options,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, STEP=step, num_warps=warps, enable_fp_fusion=False, **options,
     )  # fmt: skip
     # no fused multiply-adds, as in gemv_int8 (docs/decisions.md, "No fused multiply-adds in the int8
     # products"): the float part rounds the same way in every compiled variant
