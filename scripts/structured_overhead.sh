@@ -26,7 +26,7 @@ run() {  # NAME [FLAGS]
 run plain
 run json_object --response-format json_object
 run json_schema --json-schema "$out/long-string.schema.json"
-python - "$out" <<'PY'
+python3 - "$out" <<'PY'
 import json, sys
 from pathlib import Path
 
