@@ -69,6 +69,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/engine/": ("golden",),
     "tests/engine/test_graph_rows.py": ("unit",),
     "tests/engine/test_prefill_chunks.py": ("unit",),
+    "tests/engine/test_batch_masker.py": ("unit",),
     "tests/engine/test_json_object.py": ("unit",),
     "tests/engine/test_sampling.py": ("unit",),
     "tests/formats/test_quant_blocks.py": ("unit",),

@@ -187,13 +187,16 @@ class TokenConstraint:
 
         self._matcher = xgrammar.GrammarMatcher(grammar)
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+        self._filled = False  # the bitmask holds the current state's mask (BatchMasker fills it ahead)
         self._vocab_size = vocab_size
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of the 1-D `logits` with every token the grammar forbids at -inf (on their device)."""
         import xgrammar
 
-        self._matcher.fill_next_token_bitmask(self._bitmask)
+        if not self._filled:
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            self._filled = True
         masked = logits.float().clone().unsqueeze(0)
         xgrammar.apply_token_bitmask_inplace(
             masked, self._bitmask.to(masked.device, non_blocking=True), vocab_size=self._vocab_size
@@ -203,6 +206,7 @@ class TokenConstraint:
     def accept(self, token: int) -> None:
         if not self._matcher.is_terminated() and not self._matcher.accept_token(token):
             raise RuntimeError(f"token {token} breaks the grammar")  # a masked sampler never draws one
+        self._filled = False
 
     @property
     def ended(self) -> bool:
@@ -212,9 +216,38 @@ class TokenConstraint:
     def advance(self, token: int) -> bool:
         """Accept `token` if the grammar allows it here; False (the state unchanged) if not. Speculation
         checks drafted tokens so, then `rollback`s them."""
-        return not self._matcher.is_terminated() and self._matcher.accept_token(token)
+        accepted = not self._matcher.is_terminated() and self._matcher.accept_token(token)
+        self._filled = self._filled and not accepted
+        return accepted
 
     def rollback(self, count: int) -> None:
         """Undo the last `count` accepted tokens (xgrammar keeps the whole history)."""
         if count:
             self._matcher.rollback(count)
+            self._filled = False
+
+
+class BatchMasker:
+    """Masks the rows of a batched decode step at once: the grammars' masks filled on xgrammar's threads
+    (on the host, while the step still runs on the device), then applied in place in one launch where
+    the logits are. Each constraint keeps its filled mask, so a row that its Sampler draws from on the
+    host is not filled again."""
+
+    def __init__(self) -> None:
+        import xgrammar
+
+        self._matchers = xgrammar.BatchGrammarMatcher()
+
+    def mask_rows(self, logits: torch.Tensor, rows: list[int], constraints: list[TokenConstraint]) -> None:
+        """Every token that `constraints[i]` forbids at -inf in row `rows[i]` of `logits` [B, vocab]."""
+        import xgrammar
+
+        vocab_size = constraints[0]._vocab_size
+        bitmask = xgrammar.allocate_token_bitmask(len(logits), vocab_size)  # row i masks logits row i
+        self._matchers.batch_fill_next_token_bitmask([c._matcher for c in constraints], bitmask, rows)
+        for row, constraint in zip(rows, constraints, strict=True):
+            constraint._bitmask.copy_(bitmask[row : row + 1])
+            constraint._filled = True
+        xgrammar.apply_token_bitmask_inplace(
+            logits, bitmask.to(logits.device, non_blocking=True), vocab_size=vocab_size, indices=rows
+        )

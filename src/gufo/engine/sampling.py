@@ -74,14 +74,20 @@ class Sampler:
         return dense / dense.sum()
 
     @property
-    def plain_greedy(self) -> bool:
-        """Whether `__call__` is the raw logits' first maximum whatever the history: greedy, with no
-        penalty or bias that changes the logits and no grammar that masks them (`greedy_split`)."""
+    def first_max_of_masked(self) -> bool:
+        """Whether `__call__` is the first maximum of the logits masked by the constraint (if any)
+        whatever the history: greedy, with no penalty or bias that changes the logits."""
         p = self.params
         unpenalized = (p.repeat_penalty == 1.0 or p.repeat_last_n == 0) and not (
             p.presence_penalty or p.frequency_penalty or p.logit_bias
         )
-        return p.greedy and unpenalized and self.constraint is None
+        return p.greedy and unpenalized
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Whether `__call__` is the raw logits' first maximum whatever the history: `first_max_of_masked`
+        with no grammar that masks them (`greedy_split`)."""
+        return self.first_max_of_masked and self.constraint is None
 
     def accept(self, token: int) -> None:
         """The constraint hears a token drawn from `probabilities` rather than by `__call__`."""

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gufo.engine.constraint import TokenConstraint
+from gufo.engine.constraint import BatchMasker, TokenConstraint
 from gufo.engine.engine import Engine
 from gufo.engine.sampling import Sampler, SamplingParams, greedy_split
 from gufo.engine.speculative import SpeculativeStats, Speculator, common_prefix
@@ -153,6 +153,7 @@ class Scheduler:
         self._stopping = False
         self._aborting: FinishEvent | None = None  # set by `abort`: the event every job gets
         self._outbox = Outbox()  # the events of this step (worker thread only)
+        self._masker: BatchMasker | None = None  # made at the first constrained decode step
         self.failure: str | None = None  # why the worker stopped, once it has
         self._thread = threading.Thread(target=self._run, name="gufo-scheduler", daemon=True)
 
@@ -359,7 +360,12 @@ class Scheduler:
                     [len(j.prompt_ids) + len(j.generated) - 1 for j in decoding],
                     [j.slot for j in decoding],
                 )
-                plain = [j.top_logprobs is None and j.sampler.plain_greedy for j in decoding]
+                masked = self._mask_rows(logits, decoding)
+                plain = [  # a masked row wants no logprobs
+                    (m and j.sampler.first_max_of_masked)
+                    or (j.top_logprobs is None and j.sampler.plain_greedy)
+                    for j, m in zip(decoding, masked, strict=True)
+                ]
                 tokens, rows = greedy_split(logits, plain)
             except Exception as err:  # nothing tells which row failed: the batch's jobs fail
                 log.exception("a batched decode step failed")
@@ -370,8 +376,26 @@ class Scheduler:
                 self.slot_tokens[job.slot].append(job.generated[-1])
                 if token is None:
                     self._for_one(job, self._sample, row)
-                else:  # plainly greedy: the Sampler would pick the same id and change no state
-                    self._for_one(job, self._post, token, None)
+                else:  # greedy: the Sampler would pick the same id; its grammar hears it
+                    self._for_one(job, self._post_greedy, token)
+
+    def _mask_rows(self, logits: torch.Tensor, decoding: list[Job]) -> list[bool]:
+        """Mask in place, in one batch, the rows of the grammar-constrained jobs that want no logprobs
+        (theirs are of the raw logits); which rows were masked. Called as soon as the step is queued on
+        the device, so the masks are filled on the host while it runs."""
+        masked = [
+            j.top_logprobs is None and j.constraint is not None and not j.constraint.ended for j in decoding
+        ]
+        rows = [i for i, m in enumerate(masked) if m]
+        if rows:
+            if self._masker is None:
+                self._masker = BatchMasker()
+            self._masker.mask_rows(logits, rows, [decoding[i].constraint for i in rows])
+        return masked
+
+    def _post_greedy(self, job: Job, token: int) -> None:
+        job.sampler.accept(token)
+        self._post(job, token, None)
 
     def _for_one(self, job: Job, work: Callable[..., None], *args: object) -> None:
         """`work(job, *args)`; an exception fails this job only."""
