@@ -15,7 +15,7 @@ weights times the rows' int8 values): PASS/FAIL lines, exit 1 on a FAIL.
     python scripts/rows_products_bench.py --sweep --json tiles.json       # tensor tiles (BLOCK_N, warps)
     python scripts/rows_products_bench.py --device cpu --tiny             # smoke check: the interpreter
 
---sweep times the tensor route alone at M = 1 and 16 on the three layer shapes for each (BLOCK_N,
+--sweep times the tensor route alone at M = 1, 16 and 64 on the three layer shapes for each (BLOCK_N,
 num_warps) of SWEEP_TILES (all compiled without scratch for sm_90: `gufo kernels own`) and each split
 of K of SWEEP_SPLITS, to pick launch.TENSOR_TILES (and whether the route wants more K splits than
 launch._splits gives: its tiles are 8 to 16 times wider than the vector kernels').
@@ -40,7 +40,7 @@ CHECK_ROWS = (1, 5, 16, 64)  # rows per product whose results must equal each ro
 TINY_CHECK_ROWS = (1, 5, 16)
 # (BLOCK_N, num_warps) of rows_int8 with no stack frame for sm_90 (Triton 3.6, all three formats)
 SWEEP_TILES = [(32, 4), (64, 4), (64, 8), (128, 4)]
-SWEEP_ROWS = [1, 16]
+SWEEP_ROWS = [1, 16, 64]
 SWEEP_SPLITS = [None, 4, 8, 16]  # K ranges (None: launch._splits' about two programs per multiprocessor)
 REP_MS = 10  # per timing: ~10 replays of this long (gemv_bandwidth's 50 would take 5 minutes here)
 ORACLE_REL = 1e-4  # tests/kernels/test_triton_rows_int8.py's GPU bound, relative to |x| @ |W|^T

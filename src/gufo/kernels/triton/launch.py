@@ -165,7 +165,7 @@ TENSOR_ROW_FORMATS = tuple(rows_int8.KERNELS)  # int8 rows on the tensor cores (
 MAX_TENSOR_ROWS = rows_int8.MAX_TENSOR_ROWS
 # (BLOCK_N, num_warps) of rows_int8 by format, one super-block (256 columns) per K step: compiled without
 # scratch for sm_90 (`gufo kernels own --target sm_90`)
-TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 8)}
+TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (128, 4), Q.Q6_K: (64, 8)}
 TENSOR_STEP = 256
 
 
