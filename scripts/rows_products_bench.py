@@ -17,7 +17,8 @@ weights times the rows' int8 values): PASS/FAIL lines, exit 1 on a FAIL.
 
 --sweep times the tensor route alone at M = 1, 16 and 64 on the three layer shapes for each (BLOCK_N,
 num_warps) of SWEEP_TILES (all compiled without scratch for sm_90: `gufo kernels own`) and each split
-of K of SWEEP_SPLITS, to pick launch.TENSOR_TILES (and whether the route wants more K splits than
+of K of SWEEP_SPLITS (the tile for every row count: TENSOR_TILES and TENSOR_WIDE_TILES), to pick
+launch.TENSOR_TILES and TENSOR_WIDE_TILES (and whether the route wants more K splits than
 launch._splits gives: its tiles are 8 to 16 times wider than the vector kernels').
 """
 
@@ -136,7 +137,11 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
         for n, k in TINY_SHAPES if args.tiny else SHAPES[:3]:
             setup = Setup(name, n, k, args.device)
             for tile in SWEEP_TILES:
-                with mock.patch.dict(launch.TENSOR_TILES, {setup.info.qtype: tile}):
+                tiles = {setup.info.qtype: tile}
+                with (
+                    mock.patch.dict(launch.TENSOR_TILES, tiles),
+                    mock.patch.dict(launch.TENSOR_WIDE_TILES, tiles),
+                ):
                     for m in SWEEP_ROWS:
                         for splits in SWEEP_SPLITS:
                             row = setup.time(m, True, splits)

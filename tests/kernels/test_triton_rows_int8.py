@@ -121,6 +121,28 @@ def test_tensor_route_only_when_asked(qtype):
                 assert grid[2] == -(-rows // rows_int8.BLOCK_M)  # tiles of 16 rows, the last one masked
 
 
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
+def test_tile_width_leaves_the_k_splits_alone(qtype):
+    """Products of 1..64 rows may run on tiles of two widths (TENSOR_WIDE_TILES past TENSOR_NARROW_ROWS
+    rows), but `_splits` is asked with the same tile count for every row count, so each row's K ranges,
+    hence its summation order, never depend on how many rows share the product."""
+    n, k = 4096, 4096
+    weight = planes.TritonWeight(qtype, (n, k), (torch.empty(0),))
+    asked, widths = set(), set()
+    for rows in range(1, 65):
+        x = empty_int8_rows(rows, k, torch.device("cpu"))
+        with (
+            mock.patch.object(rows_int8, "launch") as tensor,
+            mock.patch.object(launch, "_splits", return_value=4) as splits,
+        ):
+            launch.gemv(x, weight, 0, LAUNCH, tensor_rows=True)
+        asked.add(splits.call_args.args[1])
+        widths.add(tensor.call_args.args[7])
+        assert tensor.call_args.args[4][1] == 4  # the grid's splits axis
+    assert asked == {-(-n // launch.TENSOR_TILES[qtype][0])}
+    assert len(widths) == (2 if qtype in launch.TENSOR_WIDE_TILES else 1)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.IQ4_XS], ids=lambda q: q.name)
 def test_linear_kernel_row_limits(qtype):
     """Products of up to 64 rows stay off the prefill route with row_products = "tensor" for the

@@ -164,15 +164,28 @@ def fitted(qtype: GGMLQuantizationType, config: DecodeConfig, k: int) -> DecodeC
 TENSOR_ROW_FORMATS = tuple(rows_int8.KERNELS)  # int8 rows on the tensor cores (rows_int8.py)
 MAX_TENSOR_ROWS = rows_int8.MAX_TENSOR_ROWS
 # (BLOCK_N, num_warps) of rows_int8 by format, one super-block (256 columns) per K step: compiled without
-# scratch for sm_90 (`gufo kernels own --target sm_90`)
-TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (128, 4), Q.Q6_K: (64, 8)}
+# scratch for sm_90 (`gufo kernels own --target sm_90`). Products of more than TENSOR_NARROW_ROWS rows take
+# TENSOR_WIDE_TILES where a format has one (docs/decisions.md, "Tensor-core decode rows": measured on the
+# H200). A row's numbers do not depend on the tile's width: the float part is elementwise, and the K
+# splits are counted on TENSOR_TILES' width whatever tile runs (`tensor_split_tiles`).
+TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 8)}
+TENSOR_WIDE_TILES = {Q.Q4_K: (128, 4)}
+TENSOR_NARROW_ROWS = 8
 TENSOR_STEP = 256
 
 
-def tensor_config(qtype: GGMLQuantizationType) -> VectorConfig:
-    """Launch shape of rows_int8's kernel for a weight of a TENSOR_ROW_FORMATS format."""
-    block_n, warps = TENSOR_TILES[qtype]
+def tensor_config(qtype: GGMLQuantizationType, rows: int) -> VectorConfig:
+    """Launch shape of rows_int8's kernel for `rows` rows and a weight of a TENSOR_ROW_FORMATS format."""
+    wide = rows > TENSOR_NARROW_ROWS and qtype in TENSOR_WIDE_TILES
+    block_n, warps = (TENSOR_WIDE_TILES if wide else TENSOR_TILES)[qtype]
     return VectorConfig(block_n, TENSOR_STEP, warps)
+
+
+def tensor_split_tiles(qtype: GGMLQuantizationType, n: int) -> int:
+    """The output tiles `_splits` counts for a tensor-rows product of an [n, k] weight: those of
+    TENSOR_TILES' width for every row count, so that the K splits, hence each row's summation order, are
+    the same on the narrow and the wide tiles."""
+    return triton.cdiv(n, TENSOR_TILES[qtype][0])
 
 
 def runs_on_int8(weight: TritonWeight, int8_min_weights: int) -> bool:
@@ -282,7 +295,7 @@ def gemv(
     ids: tuple[torch.Tensor | None, ...] = ()  # the vector kernels' ids_ptr (None: not indexed)
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
     if tensor:
-        tile = tensor_config(weight.qtype)
+        tile = tensor_config(weight.qtype, m)
         kernel, block_n, step, warps = None, tile.block_n, tile.step, tile.num_warps
         block_m, int8 = rows_int8.BLOCK_M, True
     elif dtype != torch.float32 and m >= DOT_MIN_ROWS and torch.version.hip is None and not indexed:
@@ -303,7 +316,7 @@ def gemv(
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
     if splits is None:  # indexed: one expert's split, whatever the assignments (batch invariance)
-        splits = _splits(x.device, grid_n, n_steps)
+        splits = _splits(x.device, tensor_split_tiles(weight.qtype, n) if tensor else grid_n, n_steps)
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
     out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
