@@ -31,6 +31,7 @@ from gufo.kernels.triton import (  # noqa: E402
     gemv_kernels,
     offline,
     recurrent,
+    routing,
     rows_int8,
 )
 
@@ -107,6 +108,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
             attention,
             elementwise,
             recurrent,
+            routing,
         )
         for name, obj in vars(module).items()
         if isinstance(obj, JITFunction) and not name.startswith("_") and obj.fn.__module__ == module.__name__
@@ -120,6 +122,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     engine.add("gated_rms_norm_rows")
     engine.add("attention_heads_to_cache")
     engine |= {"causal_conv_step", "gated_delta_rule_step"}
+    engine.add("moe_route_rows")
     # NVIDIA multiplies float32 activations of these formats on int8 (dp4a) for large weights, and
     # rounds their prefill activations to the same int8 values; smaller weights keep the vector kernels
     # (KernelOptions.int8_min_weights, own_fixtures.SMALL_SHAPES)

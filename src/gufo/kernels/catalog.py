@@ -17,6 +17,7 @@ from gufo.kernels import (
     linear_reference,
     norm,
     pointwise,
+    routing,
 )
 from gufo.kernels.registry import REFERENCE_BACKEND, Registration, register
 from gufo.options import KernelOptions
@@ -33,6 +34,7 @@ TABLES = (
     linear_reference.KERNELS,
     norm.KERNELS,
     pointwise.KERNELS,
+    routing.KERNELS,
 )
 
 

@@ -283,6 +283,14 @@ class KVCacheView(Protocol):
     def context(self) -> int: ...
 
 
+class MoeRouteKernel(Kernel, Protocol):
+    def apply(self, logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64): the softmax over
+        the E experts, its k largest probabilities in descending order (ties: the lower id first) and
+        their experts; with `normalize`, the k weights divided by their sum."""
+        ...
+
+
 class DecodeLayerKernel(Kernel, Protocol):
     # a few consecutive tokens in one call get the numbers each would get alone (speculative
     # verification reads the weights once for all drafts without changing greedy output)
@@ -320,3 +328,4 @@ ATTENTION_DECODE: Op[AttentionDecodeKernel] = Op("attention_decode")
 CAUSAL_CONV1D: Op[CausalConvKernel] = Op("causal_conv1d")
 GATED_DELTA_RULE: Op[DeltaRuleKernel] = Op("gated_delta_rule")
 DECODE_LAYER: Op[DecodeLayerKernel] = Op("decode_layer")
+MOE_ROUTE: Op[MoeRouteKernel] = Op("moe_route")

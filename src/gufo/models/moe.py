@@ -22,7 +22,7 @@ import torch
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import registry
-from gufo.kernels.contracts import EXPERT_LINEAR, GATED_ACT
+from gufo.kernels.contracts import EXPERT_LINEAR, GATED_ACT, MOE_ROUTE
 from gufo.kernels.expert_groups import (
     ExpertGroups,
     combine,
@@ -139,6 +139,7 @@ class MoEFFN:
         # most token-expert assignments a pass gathers on the device (0: every pass groups them)
         self.max_gathered = min(m.max_assignments for m in (*self.gate_up, self.down))
         self.activation = registry.lookup(backend, GATED_ACT)[1]
+        self.route = registry.lookup(backend, MOE_ROUTE)[1]
         self.shared: GatedFFN | None = None
         if f"{prefix}.ffn_up_shexp.weight" in mf.tensors:
             self.shared = GatedFFN(mf, prefix, backend, "silu", suffix="_shexp")
@@ -155,10 +156,7 @@ class MoEFFN:
         return False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.router(x).float(), dim=-1)
-        weights, chosen = probs.topk(self.shape.n_used, dim=-1)
-        if self.shape.norm_top_k:
-            weights = weights / weights.sum(-1, keepdim=True)
+        weights, chosen = self.route.apply(self.router(x), self.shape.n_used, self.shape.norm_top_k)
         if chosen.numel() <= self.max_gathered:
             out = self._gathered(x, chosen, weights)
         else:

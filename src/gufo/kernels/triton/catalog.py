@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gufo.kernels.registry import Registration
-from gufo.kernels.triton import attention, elementwise, experts, gemv, recurrent
+from gufo.kernels.triton import attention, elementwise, experts, gemv, recurrent, routing
 from gufo.kernels.triton.dependent_launch import DependentLaunch
 from gufo.options import KernelOptions
 
@@ -16,4 +16,5 @@ def registrations(options: KernelOptions) -> tuple[Registration, ...]:
         + attention.registrations(launch)
         + elementwise.registrations(launch)
         + recurrent.registrations(launch, options)
+        + routing.registrations(launch)
     )

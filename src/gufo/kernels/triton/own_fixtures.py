@@ -36,6 +36,7 @@ from gufo.kernels.triton.launch import MAX_ASSIGNMENTS, MAX_BLOCK_M, MAX_TENSOR_
 from gufo.kernels.triton.planes import TritonWeight, weight_planes
 from gufo.kernels.triton.prefill_gemm import PREFILL_DTYPE
 from gufo.kernels.triton.recurrent import TritonCausalConv1d, TritonGatedDeltaRule
+from gufo.kernels.triton.routing import TritonMoeRoute
 from gufo.options import KernelOptions
 
 # Weight shapes [N, K] of a real model (Qwen3-0.6B: MLP down, gate/up, attention output, query). Every
@@ -251,6 +252,18 @@ def recurrent_examples(options: KernelOptions) -> Iterator[str]:
         output_gate.apply(v, z.reshape(n, heads, value_dim), torch.empty(value_dim, device="meta"), 1e-6)
 
 
+# router choices of the reference MoE models: (experts, chosen per token) of Qwen3.5-35B-A3B and Qwen3-Next
+REFERENCE_ROUTERS = ((256, 8), (512, 10))
+
+
+def routing_examples(options: KernelOptions) -> Iterator[str]:
+    """The MoE router's choice (softmax, top k, renormalised) on the reference routers' logits."""
+    route = TritonMoeRoute(DependentLaunch(options.dependent_launch))
+    yield "float32"
+    for experts, k in REFERENCE_ROUTERS:
+        route.apply(torch.empty(1, experts, device="meta"), k, True)
+
+
 # in the order `gufo kernels own` records them (the first launch of a configuration is the one compiled)
 LAUNCH_EXAMPLES: tuple[Callable[[KernelOptions], Iterator[str]], ...] = (
     linear_examples,
@@ -260,4 +273,5 @@ LAUNCH_EXAMPLES: tuple[Callable[[KernelOptions], Iterator[str]], ...] = (
     attention_examples,
     elementwise_examples,
     recurrent_examples,
+    routing_examples,
 )
