@@ -122,7 +122,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     engine.add("gated_rms_norm_rows")
     engine.add("attention_heads_to_cache")
     engine |= {"causal_conv_step", "gated_delta_rule_step"}
-    engine.add("moe_route_rows")
+    engine |= {"moe_route_rows", "moe_combine_rows"}
     # NVIDIA multiplies float32 activations of these formats on int8 (dp4a) for large weights, and
     # rounds their prefill activations to the same int8 values; smaller weights keep the vector kernels
     # (KernelOptions.int8_min_weights, own_fixtures.SMALL_SHAPES)

@@ -9,11 +9,11 @@ import torch
 from gufo.kernels.expert_groups import (
     NO_EXPERT,
     TILE_ROWS,
-    combine,
     group_assignments,
     max_tiles,
     per_expert,
     tile_rows,
+    weighted_slots,
 )
 
 N_EXPERTS, K = 8, 2
@@ -58,12 +58,12 @@ def test_per_expert_takes_each_experts_rows():
         assert part.tolist() == [e] * int(groups.counts[e])
 
 
-def test_combine_weights_each_tokens_slots():
+def test_sorted_rows_back_in_token_order_and_weighted():
     chosen = routed(37, 2)
     groups = group_assignments(chosen, N_EXPERTS, 16)
     values = torch.randn(chosen.numel(), 5, dtype=torch.float64)  # one row per assignment, unsorted
     weights = torch.rand(37, K, dtype=torch.float64)
-    got = combine(values[groups.order], groups, weights)
+    got = weighted_slots(values[groups.order][groups.inverse], weights)
     want = torch.stack([sum(weights[t, s] * values[t * K + s] for s in range(K)) for t in range(37)])
     assert torch.allclose(got, want, rtol=0, atol=1e-12)
 

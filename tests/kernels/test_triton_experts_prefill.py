@@ -15,7 +15,7 @@ from triton_interpreter import interpreter_tests
 
 from gufo.formats import block_shape
 from gufo.gguf.model_file import TensorInfo
-from gufo.kernels.expert_groups import TILE_ROWS, combine, group_assignments, tile_rows
+from gufo.kernels.expert_groups import TILE_ROWS, group_assignments, tile_rows, weighted_slots
 from gufo.options import DEFAULT_INT8_MIN_WEIGHTS, KernelOptions
 
 pytest.importorskip("triton")
@@ -69,7 +69,8 @@ def check(qtype, shape=SMALL, block_m=None, int8_min_weights=DEFAULT_INT8_MIN_WE
     chosen, weights = routing(tokens, n_experts, n_used)
     groups = group_assignments(chosen.to(device), n_experts, block_m or tile_rows(chosen.numel(), n_experts))
     x_dev = x.to(device)
-    got = combine(kernel.grouped(x_dev[groups.tokens], weight, groups), groups, weights.to(device)).cpu()
+    got = kernel.grouped(x_dev[groups.tokens], weight, groups)
+    got = weighted_slots(got[groups.inverse], weights.to(device)).cpu()
     picked = dense[chosen]  # [tokens, k, rows, cols]
     w = weights.double()[..., None]
     want = (w * (picked @ x.double()[:, None, :, None])[..., 0]).sum(1)

@@ -1,7 +1,8 @@
-"""The mixture-of-experts router's choice in one kernel (gufo.kernels.triton.routing) against its torch
-reference (gufo.kernels.routing), and ties against a stable sort in float64 numpy: the lower expert id
-first. Kernels run in the Triton interpreter on CPU (a worker subprocess: triton_interpreter.py), and
-on a GPU when there is one."""
+"""The mixture-of-experts glue kernels (gufo.kernels.triton.routing) against their torch references
+(gufo.kernels.routing): the router's choice, with ties against a stable sort in float64 numpy (the lower
+expert id first), and the weighted sum of the chosen experts' results with the gated shared expert, also
+against float64 sums by hand. Kernels run in the Triton interpreter on CPU (a worker subprocess:
+triton_interpreter.py), and on a GPU when there is one."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ import pytest
 import torch
 from triton_interpreter import interpreter_tests
 
-from gufo.kernels.routing import ReferenceMoeRoute
+from gufo.kernels.routing import ReferenceMoeCombine, ReferenceMoeRoute
 
 pytest.importorskip("triton")
 
 from gufo.kernels.triton.dependent_launch import DependentLaunch  # noqa: E402  (needs triton)
-from gufo.kernels.triton.routing import TritonMoeRoute  # noqa: E402
+from gufo.kernels.triton.routing import TritonMoeCombine, TritonMoeRoute  # noqa: E402
 
 KERNEL = TritonMoeRoute(DependentLaunch(enabled=True))
+COMBINE = TritonMoeCombine(DependentLaunch(enabled=True))
 REL = 1e-6  # float32 rounding of the softmax and the renormalisation, summed in another order
 
 
@@ -55,6 +57,24 @@ def check_non_finite_rows_keep_ids_in_range() -> None:
     assert bool(((ids >= 0) & (ids < 64)).all()), ids
 
 
+def check_combine(tokens: int, k: int, cols: int, shared: bool, device: str = "cpu") -> None:
+    """Against the reference, and (float64) each token's slots summed by hand."""
+    g = torch.Generator().manual_seed(tokens * 31 + cols)
+    y = torch.randn(tokens * k, 2 * cols, generator=g)[:, :cols]  # a strided view, as a product's half
+    weights = torch.rand(tokens, k, generator=g)
+    extra = (torch.randn(tokens, cols, generator=g), torch.randn(tokens, 1, generator=g)) if shared else ()
+    got = COMBINE.apply(y.to(device), weights.to(device), *(t.to(device) for t in extra)).cpu()
+    assert got.dtype == torch.float32 and got.shape == (tokens, cols)
+    want = ReferenceMoeCombine.apply(y, weights, *extra)
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6), (got - want).abs().max()
+    by_hand = torch.stack(
+        [sum(weights[t, j].double() * y[t * k + j].double() for j in range(k)) for t in range(tokens)]
+    )
+    if shared:
+        by_hand += torch.sigmoid(extra[1].double()) * extra[0].double()
+    assert torch.allclose(got.double(), by_hand, rtol=1e-5, atol=1e-5)
+
+
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     return {
         "qwen35moe_shape": lambda: check_against_reference(5, 256, 8, True),
@@ -63,6 +83,9 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         "one_expert": lambda: check_against_reference(2, 1, 1, True),
         "ties": check_ties_go_to_the_lower_id,
         "non_finite": check_non_finite_rows_keep_ids_in_range,
+        "combine_shared": lambda: check_combine(3, 8, 2048, True),
+        "combine_one_token_no_shared": lambda: check_combine(1, 8, 100, False),
+        "combine_ten_slots": lambda: check_combine(2, 10, 1500, True),
     }
 
 
@@ -80,3 +103,5 @@ def test_gpu_router_shapes():
     for tokens in (1, 8, 512):
         check_against_reference(tokens, 256, 8, True, device="cuda")
     check_against_reference(7, 512, 10, True, device="cuda")
+    for tokens in (1, 8, 512):
+        check_combine(tokens, 8, 2048, True, device="cuda")

@@ -291,6 +291,20 @@ class MoeRouteKernel(Kernel, Protocol):
         ...
 
 
+class MoeCombineKernel(Kernel, Protocol):
+    def apply(
+        self,
+        y: torch.Tensor,
+        weights: torch.Tensor,
+        shared: torch.Tensor | None = None,
+        shared_gate: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Per assignment results y [T * k, C] (token-major) -> [T, C] float32: each token's k rows times
+        weights [T, k], summed in slot order; plus sigmoid(shared_gate) [T, 1] times shared [T, C] (the
+        shared expert) when given."""
+        ...
+
+
 class DecodeLayerKernel(Kernel, Protocol):
     # a few consecutive tokens in one call get the numbers each would get alone (speculative
     # verification reads the weights once for all drafts without changing greedy output)
@@ -329,3 +343,4 @@ CAUSAL_CONV1D: Op[CausalConvKernel] = Op("causal_conv1d")
 GATED_DELTA_RULE: Op[DeltaRuleKernel] = Op("gated_delta_rule")
 DECODE_LAYER: Op[DecodeLayerKernel] = Op("decode_layer")
 MOE_ROUTE: Op[MoeRouteKernel] = Op("moe_route")
+MOE_COMBINE: Op[MoeCombineKernel] = Op("moe_combine")

@@ -93,11 +93,6 @@ def weighted_slots(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (y.reshape(tokens, k, -1) * weights[..., None].to(y.dtype)).sum(1)
 
 
-def combine(y: torch.Tensor, groups: ExpertGroups, weights: torch.Tensor) -> torch.Tensor:
-    """Per sorted row results y [A, cols] -> per token [tokens, cols] (`weighted_slots`)."""
-    return weighted_slots(y[groups.inverse], weights)
-
-
 def per_expert(x: torch.Tensor, groups: ExpertGroups) -> Iterator[tuple[int, torch.Tensor]]:
     """(expert, its rows of x) for each expert with rows, x sorted as `groups` orders the assignments:
     for products that run one expert at a time (the counts read on the host)."""

@@ -1,11 +1,13 @@
-"""Torch reference of a mixture-of-experts router's choice ("moe_route"): softmax over the experts, the
-top k, optionally renormalised (gufo.models.moe). GPU kernel: `gufo.kernels.triton.routing`."""
+"""Torch references of a mixture-of-experts FFN's glue (gufo.models.moe): the router's choice ("moe_route":
+softmax over the experts, the top k, optionally renormalised) and the weighted sum of the chosen experts'
+results with the gated shared expert ("moe_combine"). GPU kernels: `gufo.kernels.triton.routing`."""
 
 from __future__ import annotations
 
 import torch
 
-from gufo.kernels.contracts import MOE_ROUTE, MoeRouteKernel
+from gufo.kernels.contracts import MOE_COMBINE, MOE_ROUTE, MoeCombineKernel, MoeRouteKernel
+from gufo.kernels.expert_groups import weighted_slots
 from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
 
@@ -21,4 +23,23 @@ class ReferenceMoeRoute(MoeRouteKernel):
         return weights, chosen
 
 
-KERNELS = (Registration(REFERENCE_BACKEND, MOE_ROUTE, ReferenceMoeRoute()),)
+class ReferenceMoeCombine(MoeCombineKernel):
+    name = "torch-moe-combine"
+
+    @staticmethod
+    def apply(
+        y: torch.Tensor,
+        weights: torch.Tensor,
+        shared: torch.Tensor | None = None,
+        shared_gate: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        out = weighted_slots(y.float(), weights)
+        if shared is not None and shared_gate is not None:
+            out = out + torch.sigmoid(shared_gate.float()) * shared.float()
+        return out
+
+
+KERNELS = (
+    Registration(REFERENCE_BACKEND, MOE_ROUTE, ReferenceMoeRoute()),
+    Registration(REFERENCE_BACKEND, MOE_COMBINE, ReferenceMoeCombine()),
+)

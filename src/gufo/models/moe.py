@@ -22,14 +22,12 @@ import torch
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile, TensorInfo
 from gufo.kernels import registry
-from gufo.kernels.contracts import EXPERT_LINEAR, GATED_ACT, MOE_ROUTE
+from gufo.kernels.contracts import EXPERT_LINEAR, GATED_ACT, MOE_COMBINE, MOE_ROUTE
 from gufo.kernels.expert_groups import (
     ExpertGroups,
-    combine,
     group_assignments,
     per_expert,
     tile_rows,
-    weighted_slots,
 )
 from gufo.models.base import GatedFFN
 from gufo.models.layers import Linear
@@ -140,6 +138,7 @@ class MoEFFN:
         self.max_gathered = min(m.max_assignments for m in (*self.gate_up, self.down))
         self.activation = registry.lookup(backend, GATED_ACT)[1]
         self.route = registry.lookup(backend, MOE_ROUTE)[1]
+        self.combine = registry.lookup(backend, MOE_COMBINE)[1]
         self.shared: GatedFFN | None = None
         if f"{prefix}.ffn_up_shexp.weight" in mf.tensors:
             self.shared = GatedFFN(mf, prefix, backend, "silu", suffix="_shexp")
@@ -157,36 +156,32 @@ class MoEFFN:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, chosen = self.route.apply(self.router(x), self.shape.n_used, self.shape.norm_top_k)
-        if chosen.numel() <= self.max_gathered:
-            out = self._gathered(x, chosen, weights)
-        else:
-            out = self._grouped(x, chosen, weights)
-        if self.shared is not None:
-            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
-        return out
+        y = self._gathered(x, chosen) if chosen.numel() <= self.max_gathered else self._grouped(x, chosen)
+        if self.shared is None:
+            return self.combine.apply(y, weights).to(x.dtype)
+        return self.combine.apply(y, weights, self.shared(x), self.shared_gate(x)).to(x.dtype)
 
     def _experts(self, rows: torch.Tensor, product: Any) -> torch.Tensor:
         ff = self.shape.expert_ff
         outputs = [product(matrices, rows) for matrices in self.gate_up]
         gate, up = (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)).split([ff, ff], dim=-1)
-        return product(self.down, self.activation.apply(gate.contiguous(), up.contiguous(), "silu"))
+        return product(self.down, self.activation.apply(gate, up, "silu"))  # strided halves: no copies
 
-    def _gathered(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _gathered(self, x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """A few tokens (decode): one product per matrix over every assignment, each reading its expert
-        by the device-side id."""
+        by the device-side id; the results per assignment, token-major."""
         t, k = chosen.shape
         experts = chosen.reshape(-1)
         rows = x if t == 1 else x[:, None].expand(t, k, -1).reshape(t * k, -1)  # one token: one row for all
-        y = self._experts(rows, lambda matrices, h: matrices.gathered(h, experts))
-        return weighted_slots(y, weights)
+        return self._experts(rows, lambda matrices, h: matrices.gathered(h, experts))
 
-    def _grouped(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _grouped(self, x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """The token-expert assignments sorted by expert on the device (expert_groups), one grouped
-        product per matrix over them, then each token's k results weighted and summed in slot order."""
+        product per matrix over them; the results put back per assignment, token-major."""
         n = self.shape.n_experts
         groups = group_assignments(chosen, n, tile_rows(chosen.numel(), n))
         y = self._experts(x[groups.tokens], lambda matrices, h: matrices.grouped(h, groups))
-        return combine(y, groups, weights).to(x.dtype)
+        return y[groups.inverse]
 
 
 class RoutedFFNs:

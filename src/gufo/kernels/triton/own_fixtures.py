@@ -36,7 +36,7 @@ from gufo.kernels.triton.launch import MAX_ASSIGNMENTS, MAX_BLOCK_M, MAX_TENSOR_
 from gufo.kernels.triton.planes import TritonWeight, weight_planes
 from gufo.kernels.triton.prefill_gemm import PREFILL_DTYPE
 from gufo.kernels.triton.recurrent import TritonCausalConv1d, TritonGatedDeltaRule
-from gufo.kernels.triton.routing import TritonMoeRoute
+from gufo.kernels.triton.routing import TritonMoeCombine, TritonMoeRoute
 from gufo.options import KernelOptions
 
 # Weight shapes [N, K] of a real model (Qwen3-0.6B: MLP down, gate/up, attention output, query). Every
@@ -257,11 +257,16 @@ REFERENCE_ROUTERS = ((256, 8), (512, 10))
 
 
 def routing_examples(options: KernelOptions) -> Iterator[str]:
-    """The MoE router's choice (softmax, top k, renormalised) on the reference routers' logits."""
-    route = TritonMoeRoute(DependentLaunch(options.dependent_launch))
+    """The MoE router's choice (softmax, top k, renormalised) on the reference routers' logits, and the
+    combination of the chosen experts' results (hidden size 2048) with and without a shared expert."""
+    launch = DependentLaunch(options.dependent_launch)
+    route, combine = TritonMoeRoute(launch), TritonMoeCombine(launch)
     yield "float32"
     for experts, k in REFERENCE_ROUTERS:
         route.apply(torch.empty(1, experts, device="meta"), k, True)
+        y, weights = torch.empty(k, 2048, device="meta"), torch.empty(1, k, device="meta")
+        combine.apply(y, weights)
+        combine.apply(y, weights, torch.empty(1, 2048, device="meta"), torch.empty(1, 1, device="meta"))
 
 
 # in the order `gufo kernels own` records them (the first launch of a configuration is the one compiled)

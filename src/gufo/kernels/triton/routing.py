@@ -1,11 +1,17 @@
-"""A mixture-of-experts router's choice in one kernel: one program per token reads its router logits,
-takes the softmax over the experts, picks the k largest probabilities one after another (each the first
-maximum left, so ties go to the lower id) and writes them, renormalised if asked, with their ids.
+"""A mixture-of-experts FFN's glue in two kernels.
+
+The router's choice: one program per token reads its router logits, takes the softmax over the experts,
+picks the k largest probabilities one after another (each the first maximum left, so ties go to the
+lower id) and writes them, renormalised if asked, with their ids.
 
 In a decode step of the 35B-A3B shape torch ran this as a softmax, a top-k, a sort of the chosen, a sum
 and a division per layer: five launches and about 14 us per layer on the H200 (docs/BENCHMARKS.md, "H200,
 2026-12-03 (sixth lease)"); here one launch. The oracle is the torch reference (`gufo.kernels.routing`):
 the same experts, the weights to float32 rounding (the sums run in another order).
+
+The combination: per token and block of columns, the k chosen experts' results times their weights,
+summed in slot order, plus the shared expert times the sigmoid of its gate, in one pass (torch: a
+product, a sum, a sigmoid, a product and an add per layer).
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from gufo.kernels.contracts import MOE_ROUTE, MoeRouteKernel
+from gufo.kernels.contracts import MOE_COMBINE, MOE_ROUTE, MoeCombineKernel, MoeRouteKernel
 from gufo.kernels.registry import Registration
-from gufo.kernels.triton.checks import check_dtype
+from gufo.kernels.triton.checks import check_device, check_dtype, check_size
 from gufo.kernels.triton.dependent_launch import DependentLaunch, LaunchedKernel, wait_for_inputs
 
 NUM_WARPS = 4
+COMBINE_BLOCK = 1024  # columns per program of the combination
 
 
 @triton.jit
@@ -75,5 +82,63 @@ class TritonMoeRoute(LaunchedKernel, MoeRouteKernel):
         return weights, ids
 
 
+@triton.jit
+def moe_combine_rows(
+    y_ptr, w_ptr, shared_ptr, gate_ptr, out_ptr, C, stride_y, stride_shared,
+    K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """out[t, c] = sum over slots j of w[t, j] * y[t K + j, c] (+ sigmoid(gate[t]) * shared[t, c])."""
+    wait_for_inputs(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    valid = c < C
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for slot in tl.static_range(K):
+        w = tl.load(w_ptr + t * K + slot)
+        acc += w * tl.load(y_ptr + (t * K + slot) * stride_y + c, mask=valid, other=0.0).to(tl.float32)
+    if SHARED:
+        g = tl.load(gate_ptr + t).to(tl.float32)
+        s = tl.load(shared_ptr + t * stride_shared + c, mask=valid, other=0.0).to(tl.float32)
+        acc += s / (1.0 + tl.exp(-g))
+    tl.store(out_ptr + t * C + c, acc, mask=valid)
+
+
+class TritonMoeCombine(LaunchedKernel, MoeCombineKernel):
+    name = "triton-moe-combine"
+
+    def apply(
+        self,
+        y: torch.Tensor,
+        weights: torch.Tensor,
+        shared: torch.Tensor | None = None,
+        shared_gate: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        tokens, k = weights.shape
+        check_size("expert results (tokens x chosen)", y.shape[0], tokens * k)
+        cols = y.shape[-1]
+        weights = weights.float().contiguous()
+        if y.stride(-1) != 1:
+            y = y.contiguous()
+        with_shared = shared is not None and shared_gate is not None
+        if with_shared:
+            check_device("shared expert", shared, y.device)
+            check_size("shared expert rows", shared.shape[0], tokens)
+            check_size("shared gate values", shared_gate.numel(), tokens)
+            shared = shared if shared.stride(-1) == 1 else shared.contiguous()
+            shared_gate = shared_gate.reshape(tokens).contiguous()
+        out = torch.empty(tokens, cols, dtype=torch.float32, device=y.device)
+        if tokens:
+            moe_combine_rows[(tokens, triton.cdiv(cols, COMBINE_BLOCK))](
+                y, weights, shared if with_shared else y, shared_gate if with_shared else weights, out, cols,
+                y.stride(0), shared.stride(0) if with_shared else 0,
+                K=k, SHARED=with_shared, BLOCK=COMBINE_BLOCK, num_warps=NUM_WARPS,
+                **self.launch.options(y.device),
+            )  # fmt: skip
+        return out
+
+
 def registrations(launch: DependentLaunch) -> tuple[Registration, ...]:
-    return (Registration("cuda", MOE_ROUTE, TritonMoeRoute(launch)),)
+    return (
+        Registration("cuda", MOE_ROUTE, TritonMoeRoute(launch)),
+        Registration("cuda", MOE_COMBINE, TritonMoeCombine(launch)),
+    )
