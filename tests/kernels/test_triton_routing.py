@@ -62,7 +62,9 @@ def check_combine(tokens: int, k: int, cols: int, shared: bool, device: str = "c
     g = torch.Generator().manual_seed(tokens * 31 + cols)
     y = torch.randn(tokens * k, 2 * cols, generator=g)[:, :cols]  # a strided view, as a product's half
     weights = torch.rand(tokens, k, generator=g)
-    extra = (torch.randn(tokens, cols, generator=g), torch.randn(tokens, 1, generator=g)) if shared else ()
+    # the gate as the router's product hands it: its last column, a strided [T, 1] view
+    gates = torch.randn(tokens, 257, generator=g)[:, 256:]
+    extra = (torch.randn(tokens, cols, generator=g), gates) if shared else ()
     got = COMBINE.apply(y.to(device), weights.to(device), *(t.to(device) for t in extra)).cpu()
     assert got.dtype == torch.float32 and got.shape == (tokens, cols)
     want = ReferenceMoeCombine.apply(y, weights, *extra)

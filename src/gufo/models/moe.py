@@ -121,7 +121,6 @@ class MoEFFN:
                 f"{mf.label}: tensor {router.name} has shape {list(router.shape)}, "
                 f"expected {[shape.n_experts, n_embd]}"
             )
-        self.router = Linear.of([router], backend)
         ff, n = shape.expert_ff, shape.n_experts
         fused = f"{prefix}.ffn_gate_up_exps.weight"  # the converter's --fuse-gate-up-exps: gate rows, then up
         if fused in mf.tensors:
@@ -140,10 +139,16 @@ class MoEFFN:
         self.route = registry.lookup(backend, MOE_ROUTE)[1]
         self.combine = registry.lookup(backend, MOE_COMBINE)[1]
         self.shared: GatedFFN | None = None
+        self.shared_gate: Linear | None = None  # the shared expert's gate, where the router's rows lack it
+        routers = [router]
         if f"{prefix}.ffn_up_shexp.weight" in mf.tensors:
             self.shared = GatedFFN(mf, prefix, backend, "silu", suffix="_shexp")
             gate_inp = as_matrix(mf, f"{prefix}.ffn_gate_inp_shexp.weight", n_embd)
-            self.shared_gate = Linear.of([gate_inp], backend)
+            if gate_inp.qtype == router.qtype:  # one product: the router's rows, then the gate's row
+                routers.append(gate_inp)
+            else:
+                self.shared_gate = Linear.of([gate_inp], backend)
+        self.router = Linear.of(routers, backend)
 
     @property
     def device_routed(self) -> bool:
@@ -155,11 +160,14 @@ class MoEFFN:
         return False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        weights, chosen = self.route.apply(self.router(x), self.shape.n_used, self.shape.norm_top_k)
+        logits = self.router(x)
+        n = self.shape.n_experts
+        weights, chosen = self.route.apply(logits[:, :n], self.shape.n_used, self.shape.norm_top_k)
         y = self._gathered(x, chosen) if chosen.numel() <= self.max_gathered else self._grouped(x, chosen)
         if self.shared is None:
             return self.combine.apply(y, weights).to(x.dtype)
-        return self.combine.apply(y, weights, self.shared(x), self.shared_gate(x)).to(x.dtype)
+        gate = logits[:, n:] if self.shared_gate is None else self.shared_gate(x)
+        return self.combine.apply(y, weights, self.shared(x), gate).to(x.dtype)
 
     def _experts(self, rows: torch.Tensor, product: Any) -> torch.Tensor:
         ff = self.shape.expert_ff

@@ -84,7 +84,7 @@ class TritonMoeRoute(LaunchedKernel, MoeRouteKernel):
 
 @triton.jit
 def moe_combine_rows(
-    y_ptr, w_ptr, shared_ptr, gate_ptr, out_ptr, C, stride_y, stride_shared,
+    y_ptr, w_ptr, shared_ptr, gate_ptr, out_ptr, C, stride_y, stride_shared, stride_gate,
     K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[t, c] = sum over slots j of w[t, j] * y[t K + j, c] (+ sigmoid(gate[t]) * shared[t, c])."""
@@ -97,7 +97,7 @@ def moe_combine_rows(
         w = tl.load(w_ptr + t * K + slot)
         acc += w * tl.load(y_ptr + (t * K + slot) * stride_y + c, mask=valid, other=0.0).to(tl.float32)
     if SHARED:
-        g = tl.load(gate_ptr + t).to(tl.float32)
+        g = tl.load(gate_ptr + t * stride_gate).to(tl.float32)
         s = tl.load(shared_ptr + t * stride_shared + c, mask=valid, other=0.0).to(tl.float32)
         acc += s / (1.0 + tl.exp(-g))
     tl.store(out_ptr + t * C + c, acc, mask=valid)
@@ -123,14 +123,16 @@ class TritonMoeCombine(LaunchedKernel, MoeCombineKernel):
         if with_shared:
             check_device("shared expert", shared, y.device)
             check_size("shared expert rows", shared.shape[0], tokens)
-            check_size("shared gate values", shared_gate.numel(), tokens)
+            check_size("shared gate rows", shared_gate.shape[0], tokens)
+            if shared_gate.dim() > 1:
+                check_size("shared gate values per token", shared_gate.shape[1], 1)
             shared = shared if shared.stride(-1) == 1 else shared.contiguous()
-            shared_gate = shared_gate.reshape(tokens).contiguous()
         out = torch.empty(tokens, cols, dtype=torch.float32, device=y.device)
+        shared, shared_gate = (shared, shared_gate) if with_shared else (y, weights)  # unread without
         if tokens:
             moe_combine_rows[(tokens, triton.cdiv(cols, COMBINE_BLOCK))](
-                y, weights, shared if with_shared else y, shared_gate if with_shared else weights, out, cols,
-                y.stride(0), shared.stride(0) if with_shared else 0,
+                y, weights, shared, shared_gate, out, cols,
+                y.stride(0), shared.stride(0), shared_gate.stride(0),
                 K=k, SHARED=with_shared, BLOCK=COMBINE_BLOCK, num_warps=NUM_WARPS,
                 **self.launch.options(y.device),
             )  # fmt: skip
