@@ -1,5 +1,5 @@
 """A candidate for the tensor-core decode rows (issue 23), to measure before it goes into the library:
-Q4_K products of M int8 activation rows on float16 operands, accumulated by the MMA itself.
+Q4_K and Q6_K products of M int8 activation rows on float16 operands, accumulated by the MMA itself.
 
 rows_int8's Q4_K tile multiplies int8 values and then spends float instructions on every output of
 every 32-column block (its scales, the minimums), which is what bounds it (docs/decisions.md,
@@ -24,6 +24,7 @@ Qwen3-8B's shapes.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -42,6 +43,7 @@ from gufo.kernels.triton.jit_helpers import store_partials, vector_program  # no
 
 SHAPES = [(4096, 4096), (12288, 4096), (4096, 12288)]  # (N, K): attention output, gate/up, down
 TINY_SHAPES = [(72, 512)]
+FORMATS = ["Q4_K", "Q6_K"]
 ROWS = [1, 16, 32, 64]
 TILES = [(16, 64, 4), (32, 64, 4), (64, 64, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8)]  # BM, BN, warps
 TINY_TILES = [(16, 64, 4), (32, 64, 4)]
@@ -50,12 +52,27 @@ REP_MS = 10
 
 
 @triton.jit
+def _program(N, M, n_steps, steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """As rows_int8's tiles: output rows n and their weight rows, the split's K steps, activation rows m."""
+    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, False, None, False)
+    return n, row, split, first, last, tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+
+
+@triton.jit
+def _x_f16(xq_ptr, xd_ptr, m, M, K, blk):
+    """The rows' int8 values of 32-column block blk times their scale, in float16 [BLOCK_M, 32]."""
+    i = tl.arange(0, 32)
+    x = tl.load(xq_ptr + m[:, None] * K + blk * 32 + i[None, :], mask=(m < M)[:, None], other=0)
+    xd = tl.load(xd_ptr + m * (K // 32) + blk, mask=m < M, other=0.0)
+    return (x.to(tl.float32) * xd[:, None]).to(tl.float16)
+
+
+@triton.jit
 def rows_q4_k_f16(
     xq_ptr, xd_ptr, d_ptr, dmin_ptr, scales_ptr, qs_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, False, None, False)
-    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n, row, split, first, last, m = _program(N, M, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
     n_super = K // 256
     i = tl.arange(0, 32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -71,10 +88,37 @@ def rows_q4_k_f16(
                 sc, minimum = (sc_high, min_high) if half else (sc_low, min_low)
                 q = ((w >> (4 * half)) & 15).to(tl.float32)
                 wf = (q * (d * sc)[None, :] - (dmin * minimum)[None, :]).to(tl.float16)
-                ok = (m < M)[:, None]
-                x = tl.load(xq_ptr + m[:, None] * K + blk * 32 + i[None, :], mask=ok, other=0)
-                xd = tl.load(xd_ptr + m * (K // 32) + blk, mask=m < M, other=0.0)
-                acc = tl.dot((x.to(tl.float32) * xd[:, None]).to(tl.float16), wf, acc)
+                acc = tl.dot(_x_f16(xq_ptr, xd_ptr, m, M, K, blk), wf, acc)
+    store_partials(out_ptr, acc, m, n, M, N, split)
+
+
+@triton.jit
+def rows_q6_k_f16(
+    xq_ptr, xd_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # the layout of rows_int8.rows_q6_k_int8: half a of a super-block, its quarter t = elements
+    # 128a + 32t + l; value d * scale * (q - 32), scales per 16 columns (index 8a + 2t + (l >= 16))
+    n, row, split, first, last, m = _program(N, M, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
+    n_super = K // 256
+    i = tl.arange(0, 32)
+    first_half = (i < 16)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for sb in range(first, last):
+        d = tl.load(d_ptr + row * n_super + sb).to(tl.float32)
+        for a in tl.static_range(2):
+            ql = ql_ptr + row[None, :] * (n_super * 128) + sb * 128 + 64 * a + i[:, None]
+            lo, hi = tl.load(ql), tl.load(ql + 32)
+            qh = tl.load(qh_ptr + row[None, :] * (n_super * 64) + sb * 64 + 32 * a + i[:, None])
+            scales = scales_ptr + row * (n_super * 16) + sb * 16 + 8 * a
+            for t in tl.static_range(4):
+                bits = lo if t % 2 == 0 else hi
+                q = (((bits >> (4 * (t // 2))) & 15) | (((qh >> (2 * t)) & 3) << 4)).to(tl.float32) - 32.0
+                sc_0 = tl.load(scales + 2 * t).to(tl.float32)
+                sc_1 = tl.load(scales + 2 * t + 1).to(tl.float32)
+                scale = tl.where(first_half, (d * sc_0)[None, :], (d * sc_1)[None, :])
+                x = _x_f16(xq_ptr, xd_ptr, m, M, K, sb * 8 + 4 * a + t)
+                acc = tl.dot(x, (q * scale).to(tl.float16), acc)
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
@@ -92,10 +136,14 @@ def product(rows: Any, weight: Any, tile: tuple[int, int, int]) -> Any:
     per_split = triton.cdiv(n_steps, splits)
     splits = triton.cdiv(n_steps, per_split)
     out = torch.empty(splits, m, n, dtype=torch.float32, device=rows.values.device)
-    d, dmin, scales, qs = weight.planes
     grid = (triton.cdiv(n, block_n), splits, triton.cdiv(m, block_m))
-    rows_q4_k_f16[grid](
-        rows.values, rows.scales, d, dmin, scales.view(torch.int32), qs, out, m, n, k, n_steps, per_split,
+    if weight.qtype.name == "Q4_K":
+        d, dmin, scales, qs = weight.planes
+        planes, kernel = (d, dmin, scales.view(torch.int32), qs), rows_q4_k_f16
+    else:
+        planes, kernel = weight.planes, rows_q6_k_f16
+    kernel[grid](
+        rows.values, rows.scales, *planes, out, m, n, k, n_steps, per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )  # fmt: skip
     return out.sum(0) if splits > 1 else out[0]
@@ -111,6 +159,7 @@ def checks(info: Any, weight: Any, device: str, tiles: list, counts: tuple) -> l
     from gufo.kernels.triton.gemv_int8 import quantize_rows
 
     n, k = info.shape
+    base = {"format": info.qtype.name, "N": n, "K": k}
     x = quantize_rows(torch.randn(max(counts), k, generator=torch.Generator().manual_seed(1)).to(device),
                       DependentLaunch(enabled=False))  # fmt: skip
     w = torch.from_numpy(gguf.quants.dequantize(info.data, info.qtype).astype(np.float64))
@@ -124,9 +173,9 @@ def checks(info: Any, weight: Any, device: str, tiles: list, counts: tuple) -> l
             parts = [product(Int8Rows(*(t[i : i + per] for t in x)), weight, tile)
                      for i in range(0, max(counts), per)]  # fmt: skip
             same = bool(torch.equal(torch.cat(parts), alone))
-            results.append({"N": n, "K": k, "tile": tile, "check": f"rows_alike_m{per}", "pass": same})
+            results.append(base | {"tile": tile, "check": f"rows_alike_m{per}", "pass": same})
         near = bool(((alone.cpu().double() - want).abs() <= bound).all())
-        results.append({"N": n, "K": k, "tile": tile, "check": "oracle", "pass": near})
+        results.append(base | {"tile": tile, "check": "oracle", "pass": near})
     return results
 
 
@@ -138,17 +187,18 @@ def timings(info: Any, weights: list, device: str, tiles: list) -> list[dict]:
     from gufo.kernels.triton.gemv_int8 import quantize_rows
 
     n, k = info.shape
+    base = {"format": info.qtype.name, "N": n, "K": k}
     found = []
     plain = DependentLaunch(enabled=True)
     for m in ROWS:
         rows = quantize_rows(torch.randn(m, k, device=device), DependentLaunch(enabled=False))
         tensor = [lambda w=w, x=rows: launch.gemv(x, w, 0, plain, tensor_rows=True) for w in weights]
         us = median_seconds(tensor, device, REP_MS) * 1e6
-        found.append({"N": n, "K": k, "M": m, "route": "tensor", "us": us})
+        found.append(base | {"M": m, "route": "tensor", "us": us})
         for tile in tiles:
             calls = [lambda w=w, t=tile, x=rows: product(x, w, t) for w in weights]
             us = median_seconds(calls, device, REP_MS) * 1e6
-            found.append({"N": n, "K": k, "M": m, "route": "f16", "tile": tile, "us": us})
+            found.append(base | {"M": m, "route": "f16", "tile": tile, "us": us})
         for row in found[-1 - len(tiles) :]:
             print(json.dumps(row), flush=True)
     return found
@@ -165,8 +215,8 @@ def main() -> int:
 
     tiny = args.device == "cpu"
     results: list[dict] = []
-    for n, k in TINY_SHAPES if tiny else SHAPES:
-        info = random_weight("Q4_K", n, k)
+    for name, (n, k) in itertools.product(FORMATS, TINY_SHAPES if tiny else SHAPES):
+        info = random_weight(name, n, k)
         copies = 1 if tiny else copies_for(info.data.nbytes)
         weights = [upload(info, torch.device(args.device)) for _ in range(copies)]
         counts = (1, 3, 16, 20) if tiny else (1, 5, 16, 64)  # rows per product (checked on a GPU only)
