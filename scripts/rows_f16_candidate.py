@@ -40,6 +40,7 @@ import triton.language as tl  # noqa: E402
 
 from gufo.kernels.triton.gemv_int8 import _q4_k_chunk_scales  # noqa: E402
 from gufo.kernels.triton.jit_helpers import store_partials, vector_program  # noqa: E402
+from gufo.kernels.triton.rows_int8 import _x_block  # noqa: E402
 
 SHAPES = [(4096, 4096), (12288, 4096), (4096, 12288)]  # (N, K): attention output, gate/up, down
 TINY_SHAPES = [(72, 512)]
@@ -60,11 +61,9 @@ def _program(N, M, n_steps, steps_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 @triton.jit
 def _x_f16(xq_ptr, xd_ptr, m, M, K, blk):
-    """The rows' int8 values of 32-column block blk times their scale, in float16 [BLOCK_M, 32]."""
-    i = tl.arange(0, 32)
-    x = tl.load(xq_ptr + m[:, None] * K + blk * 32 + i[None, :], mask=(m < M)[:, None], other=0)
-    xd = tl.load(xd_ptr + m * (K // 32) + blk, mask=m < M, other=0.0)
-    return (x.to(tl.float32) * xd[:, None]).to(tl.float16)
+    """The rows' int8 values of 32-column block blk (rows_int8's tile) times their scale, in float16."""
+    x, xd = _x_block(xq_ptr, xd_ptr, m, M, K, blk)
+    return (x.to(tl.float32) * xd).to(tl.float16)
 
 
 @triton.jit
