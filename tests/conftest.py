@@ -71,6 +71,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/engine/test_prefill_chunks.py": ("unit",),
     "tests/engine/test_batch_masker.py": ("unit",),
     "tests/engine/test_json_object.py": ("unit",),
+    "tests/engine/test_json_closing.py": ("unit",),
     "tests/engine/test_sampling.py": ("unit",),
     "tests/formats/test_quant_blocks.py": ("unit",),
     "tests/formats/test_quant_models.py": ("unit",),

@@ -152,6 +152,38 @@ def test_json_object_output_is_an_object(server):
     assert isinstance(json.loads(json_object(server, "Give two colors and their counts as JSON.")), dict)
 
 
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 3}], ids=["greedy", "sampled"]
+)
+def test_json_object_cut_by_max_tokens_still_parses(server, sampling):
+    """Budgets too short for the whole object: the reply closes within them (`json` the oracle), its
+    finish_reason "length" where the budget ended it, and streams the same text as it answers whole;
+    some of them do run to the budget (so the closing, not the model, ended them)."""
+    client = server.client()
+    lengths = 0
+    for budget in (3, 6, 11, 17):
+        common = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Describe a cat in JSON with many fields."}],
+            "max_tokens": budget,
+            "response_format": {"type": "json_object"},
+            **sampling,
+        }
+        reply = client.chat.completions.create(**common)
+        choice = reply.choices[0]
+        assert isinstance(json.loads(choice.message.content), dict), (budget, choice)
+        assert reply.usage.completion_tokens <= budget
+        assert choice.finish_reason == "stop" or reply.usage.completion_tokens == budget, choice
+        streamed = "".join(
+            chunk.choices[0].delta.content or ""
+            for chunk in client.chat.completions.create(**common, stream=True)
+            if chunk.choices
+        )
+        assert streamed == choice.message.content
+        lengths += choice.finish_reason == "length"
+    assert lengths >= 1
+
+
 def test_json_object_numbers_are_ones_a_double_holds(server):
     """Asked for 40 decimals of pi, the model gets the 15 digits a double holds: `json` reads the literal
     back, equal to pi to 15 significant digits (math.pi the oracle), and the object closes."""

@@ -36,7 +36,8 @@ generation has stopped, and /health is 503 then). Errors use OpenAI's error obje
 server does not implement is a 400 naming it, never ignored (n, best_of and suffix only at their
 no-op values). Chat completions take tools and tool_choice (calls parsed from hermes-style <tool_call>
 JSON; "required" and a named function are enforced by constrained decoding), response_format
-json_object and json_schema (a token mask), and split a thinking template's <think> text into
+json_object and json_schema (a token mask; a json_object reply closes its strings, arrays and objects
+before max_tokens runs out, finish_reason "length" then), and split a thinking template's <think> text into
 reasoning_content. Request extensions: top_k, min_p, repeat_penalty (llama.cpp sampling),
 stop_token_ids, cache_prompt=false (no prefix reuse), chat_template_kwargs (variables for the chat
 template, e.g. enable_thinking); max_completion_tokens is max_tokens' newer name in chat completions.

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gufo.engine.json_closing import BudgetTable, ReplyBudget
 from gufo.errors import BadInputError
 from gufo.tokenizer import Tokenizer
 
@@ -65,7 +67,8 @@ def unenforced_keyword(schema: Any, path: str = "") -> str | None:
 # (smollm2, asked for 40 decimals of pi). json_schema keeps xgrammar's schema semantics, unbounded.
 # Strings are right-recursive, as xgrammar's own JSON grammar writes them: as `char*` then the closing
 # quote, with the \u escape among the chars, a mask over Qwen's 151936 tokens took 12x as long
-# (docs/decisions.md, "Server: structured output and tool calls through xgrammar").
+# (docs/decisions.md, "Server: structured output and tool calls through xgrammar"). A char is no UTF-8
+# encoded surrogate (U+D800-DFFF): xgrammar's classes take them, and no UTF-8 decoder reads them back.
 NUMBER_DIGITS, EXPONENT_DIGITS = 15, 2
 
 
@@ -87,7 +90,7 @@ member ::= string ": " value
 array ::= "[" "]" | "[" value (", " value)* "]"
 string ::= "\"" characters
 characters ::= "\"" | char characters
-char ::= [^"\\\0-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])
+char ::= [^"\\\0-\x1f\ud800-\udfff] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])
 """ + json_number_rule()
 
 
@@ -108,6 +111,16 @@ class GrammarCompiler:
             stop_token_ids=sorted(tokenizer.eog_ids),
         )
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+        self._pieces = pieces
+        self._budget_table: BudgetTable | None = None
+        self._budget_lock = threading.Lock()
+
+    def budget_table(self) -> BudgetTable:
+        """The vocabulary's tables for keeping json_object replies closable (built on first use)."""
+        with self._budget_lock:
+            if self._budget_table is None:
+                self._budget_table = BudgetTable(self._pieces)
+            return self._budget_table
 
     def json_object(self) -> xgrammar.CompiledGrammar:
         """Any JSON object with bounded numbers (OpenAI's json_object mode; `JSON_OBJECT` says why)."""
@@ -180,15 +193,33 @@ def xgrammar_reason(err: Exception) -> str:
 
 class TokenConstraint:
     """One request's matcher: `mask` the logits before sampling, then `accept` the sampled token;
-    speculative decoding also tries drafted tokens (`advance`) and takes them back (`rollback`)."""
+    speculative decoding also tries drafted tokens (`advance`) and takes them back (`rollback`).
+    A json_object constraint gets its vocabulary's `BudgetTable`: once `fit` tells it the reply's token
+    budget, its masks also keep the reply closable within that budget (`gufo.engine.json_closing`)."""
 
-    def __init__(self, grammar: xgrammar.CompiledGrammar, vocab_size: int):
+    def __init__(
+        self, grammar: xgrammar.CompiledGrammar, vocab_size: int, budget_table: BudgetTable | None = None
+    ):
         import xgrammar
 
         self._matcher = xgrammar.GrammarMatcher(grammar)
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
         self._filled = False  # the bitmask holds the current state's mask (BatchMasker fills it ahead)
         self._vocab_size = vocab_size
+        self._budget_table = budget_table
+        self._budget: ReplyBudget | None = None
+
+    def fit(self, tokens: int) -> None:
+        """The reply gets at most `tokens` tokens: a json_object reply closes its open strings, arrays and
+        objects before they run out (a no-op for other grammars). Call before the first token."""
+        if self._budget_table is not None:
+            self._budget = ReplyBudget(self._budget_table, tokens)
+            self._filled = False
+
+    def narrow(self, bitmask: torch.Tensor) -> None:
+        """Clear in `bitmask` [1, words] (filled by the matcher) the tokens the reply's budget forbids."""
+        if self._budget is not None:
+            self._budget.restrict(bitmask[0].numpy())
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of the 1-D `logits` with every token the grammar forbids at -inf (on their device)."""
@@ -196,6 +227,7 @@ class TokenConstraint:
 
         if not self._filled:
             self._matcher.fill_next_token_bitmask(self._bitmask)
+            self.narrow(self._bitmask)
             self._filled = True
         masked = logits.float().clone().unsqueeze(0)
         xgrammar.apply_token_bitmask_inplace(
@@ -204,9 +236,16 @@ class TokenConstraint:
         return masked[0]
 
     def accept(self, token: int) -> None:
-        if not self._matcher.is_terminated() and not self._matcher.accept_token(token):
+        if self._matcher.is_terminated():
+            return
+        if not self._within_budget(token) or not self._matcher.accept_token(token):
             raise RuntimeError(f"token {token} breaks the grammar")  # a masked sampler never draws one
+        if self._budget is not None:
+            self._budget.accept(token)
         self._filled = False
+
+    def _within_budget(self, token: int) -> bool:
+        return self._budget is None or self._budget.allows(token)
 
     @property
     def ended(self) -> bool:
@@ -216,7 +255,13 @@ class TokenConstraint:
     def advance(self, token: int) -> bool:
         """Accept `token` if the grammar allows it here; False (the state unchanged) if not. Speculation
         checks drafted tokens so, then `rollback`s them."""
-        accepted = not self._matcher.is_terminated() and self._matcher.accept_token(token)
+        accepted = (
+            not self._matcher.is_terminated()
+            and self._within_budget(token)
+            and self._matcher.accept_token(token)
+        )
+        if accepted and self._budget is not None:
+            self._budget.accept(token)
         self._filled = self._filled and not accepted
         return accepted
 
@@ -224,6 +269,8 @@ class TokenConstraint:
         """Undo the last `count` accepted tokens (xgrammar keeps the whole history)."""
         if count:
             self._matcher.rollback(count)
+            if self._budget is not None:
+                self._budget.rollback(count)
             self._filled = False
 
 
@@ -246,6 +293,7 @@ class BatchMasker:
         bitmask = xgrammar.allocate_token_bitmask(len(logits), vocab_size)  # row i masks logits row i
         self._matchers.batch_fill_next_token_bitmask([c._matcher for c in constraints], bitmask, rows)
         for row, constraint in zip(rows, constraints, strict=True):
+            constraint.narrow(bitmask[row : row + 1])
             constraint._bitmask.copy_(bitmask[row : row + 1])
             constraint._filled = True
         xgrammar.apply_token_bitmask_inplace(

@@ -332,6 +332,8 @@ def create_app(
         _, asked = body.token_limit()
         # The context bounds the output too; a reply cut by it ends with finish_reason "length".
         limit = min(asked or settings.max_tokens, runtime.engine.context - len(prompt_ids))
+        if constraint is not None:
+            constraint.fit(limit)
         stop_ids = frozenset(body.stop_token_ids or ())
         job = Job(
             prompt_ids,

@@ -111,7 +111,7 @@ def constraint_for(body: ChatCompletionRequest, compiler: GrammarCompiler) -> To
         elif body.response_format is None or body.response_format.type == "text":
             return None
         elif body.response_format.type == "json_object":
-            grammar = compiler.json_object()
+            return TokenConstraint(compiler.json_object(), compiler.vocab_size, compiler.budget_table())
         else:
             grammar = compiler.json_schema(response_schema(body))
     except BadInputError as err:
