@@ -31,6 +31,8 @@ NUMBER_NEEDS_DIGIT = frozenset({"minus", "dot", "e", "sign"})
 # nothing above U+10FFFF: RFC 3629), and the lowest byte a closing may use after them.
 UTF8_NEXT = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
 UTF8_LOWEST = {lead: low for lead, (low, _) in UTF8_NEXT.items()}
+MAX_KEPT_CURSORS = 1024
+FEW = 4096  # where testing tokens one by one against the mask costs less than unpacking all its bits
 CLOSING_BYTES = frozenset(b'{}[]":, 0\x80\x90\xa0' + b"".join(s.encode() for s in LITERALS.values()))
 
 
@@ -226,8 +228,11 @@ class BudgetTable:
         special = np.zeros(len(pieces), dtype=bool)
         special[owner[quoting]] = True
         quoted, plain = np.nonzero(special)[0], np.nonzero(~special)[0]
+        self.bound = bound
         self.outside = self._by_bound(np.arange(len(pieces)), bound)
-        self.string_special = self._by_bound(quoted, bound[quoted])
+        self.quoted = quoted
+        self.quoted_bound = int(bound[quoted].max(initial=0))
+        self._quoted_growth: dict[Cursor, np.ndarray] = {}  # a string's cursor -> each quoted token's growth
         self.string_plain = self._by_bound(plain, self._tail_due(flat, owner, ends, len(pieces))[plain])
         self.closing_tokens: dict[bytes, list[int]] = {}
         for token, piece in enumerate(pieces):
@@ -265,14 +270,33 @@ class BudgetTable:
 
     def growing(self, cursor: Cursor, slack: int, bitmask: np.ndarray) -> np.ndarray:
         """The tokens `bitmask` allows after which `cursor`'s closing is more than `slack` bytes longer."""
-        exact = np.zeros(0, dtype=np.int64)
-        if cursor.mode == "string" and cursor.escape == 0:
-            exact = self._above(self.string_plain, slack + cursor.utf8)
-            suspects = self._above(self.string_special, slack)
+        if cursor.mode == "string" and cursor.escape == 0:  # nearly every token is allowed
+            plain = self._above(self.string_plain, slack + cursor.utf8)
+            quoted = self.quoted[self._growth_of_quoted(cursor) > slack] if slack < self.quoted_bound else []
+            return allowed(np.concatenate((plain, quoted)).astype(np.int64), bitmask)
+        suspects = self._above(self.outside, slack)
+        if len(suspects) > FEW:  # few tokens are allowed outside strings: take those first
+            suspects = np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), bitorder="little"))
+            suspects = suspects[self.bound[suspects] > slack]
         else:
-            suspects = self._above(self.outside, slack)
-        walked = [t for t in allowed(suspects, bitmask).tolist() if self.grows(cursor, t, slack)]
-        return np.concatenate((allowed(exact, bitmask), np.array(walked, dtype=np.int64)))
+            suspects = allowed(suspects, bitmask)
+        return np.array([t for t in suspects.tolist() if self.grows(cursor, t, slack)], dtype=np.int64)
+
+    def _growth_of_quoted(self, cursor: Cursor) -> np.ndarray:
+        """[quoted tokens] each one's growth of the closing from `cursor`, a string's, walked once per
+        cursor (a reply's strings share few: the containers around them, key or value, a character's
+        bytes due) and kept."""
+        growth = self._quoted_growth.get(cursor)
+        if growth is None:
+            if len(self._quoted_growth) >= MAX_KEPT_CURSORS:
+                self._quoted_growth.clear()
+            base = len(cursor.closing())
+            walked = (cursor.run(self.pieces[t]) for t in self.quoted.tolist())
+            growth = np.array(
+                [-base - 1 if a is None else len(a.closing()) - base for a in walked], dtype=np.int64
+            )
+            self._quoted_growth[cursor] = growth
+        return growth
 
     def grows(self, cursor: Cursor, token: int, slack: int) -> bool:
         """Whether `token` (walked) makes `cursor`'s closing more than `slack` bytes longer."""
