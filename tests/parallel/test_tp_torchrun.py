@@ -38,13 +38,38 @@ def tiny(tmp_path_factory):
     return str(write_tiny_model(path, "qwen3", n_heads=8, n_kv_heads=4, n_ff=128))
 
 
+# Sharded products add their K ranges in another order (row-parallel all-reduce) and round their own
+# int8 activations, so the logits differ from one process's a little: greedy ids are the contract only
+# where the top two logits are further apart than that. smollm2's 15th token after "The capital of France
+# is" is a near-tie ('1' over '2' by 0.044), which a 3-way split flipped on one CPU and not on another.
+TP_MARGIN = 0.25
+MIN_COMPARED = 8
+
+
+def clear_greedy_tokens(model: str, prompt: str, most: int) -> int:
+    """How many leading greedy tokens of the single process lead the runner-up by TP_MARGIN or more."""
+    from gufo.engine.engine import Engine
+
+    engine = Engine(model, options=RunOptions(threads=1), context=64, n_slots=1)
+    ids = engine.tokenizer.encode(prompt)
+    logits = engine.prefill(ids, 0)
+    for step in range(most):
+        top = logits.float().topk(2)
+        if float(top.values[0] - top.values[1]) < TP_MARGIN:
+            return step
+        logits = engine.decode(int(top.indices[0]), len(ids) + step, 0)
+    return most
+
+
 @pytest.mark.parametrize(
     "model,world,prompt",
     [("tiny", 2, "t1 t2 t3 t4"), ("smollm2-135m", 3, "The capital of France is")],
 )
 def test_run_greedy_trace_equals_single_process(capsys, tiny, model, world, prompt):
     model = tiny if model == "tiny" else model
-    args = ["run", "-m", model, "-p", prompt, "-n", "16", "--temp", "0", "--ignore-eos", "--verbose"]
+    tokens = clear_greedy_tokens(model, prompt, 16)
+    assert tokens >= MIN_COMPARED  # the comparison still covers a sentence
+    args = ["run", "-m", model, "-p", prompt, "-n", str(tokens), "--temp", "0", "--ignore-eos", "--verbose"]
     code, out, err = gufo(capsys, *args, "-t", "1")
     assert code == 0
     launched = torchrun(world, *args)
