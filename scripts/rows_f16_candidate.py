@@ -1,5 +1,7 @@
-"""A candidate for the tensor-core decode rows (issue 23), to measure before it goes into the library:
-Q4_K and Q6_K products of M int8 activation rows on float16 operands, accumulated by the MMA itself.
+"""A candidate for the tensor-core decode rows (issue 23), measured before it goes into the library:
+Q4_K products of M int8 activation rows on float16 operands, accumulated by the MMA itself. Q6_K's went
+in (rows_int8.rows_q6_k_f16: faster at every row count); Q4_K's loses at one row (docs/BENCHMARKS.md,
+"H200, 2026-12-04 (first lease)"), so it stays here, timed against the tensor route.
 
 rows_int8's Q4_K tile multiplies int8 values and then spends float instructions on every output of
 every 32-column block (its scales, the minimums), which is what bounds it (docs/decisions.md,
@@ -44,7 +46,7 @@ from gufo.kernels.triton.rows_int8 import _x_block  # noqa: E402
 
 SHAPES = [(4096, 4096), (12288, 4096), (4096, 12288)]  # (N, K): attention output, gate/up, down
 TINY_SHAPES = [(72, 512)]
-FORMATS = ["Q4_K", "Q6_K"]
+FORMATS = ["Q4_K"]
 ROWS = [1, 16, 32, 64]
 TILES = [(16, 64, 4), (32, 64, 4), (64, 64, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8)]  # BM, BN, warps
 TINY_TILES = [(16, 64, 4), (32, 64, 4)]
@@ -91,36 +93,6 @@ def rows_q4_k_f16(
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
-@triton.jit
-def rows_q6_k_f16(
-    xq_ptr, xd_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    # the layout of rows_int8.rows_q6_k_int8: half a of a super-block, its quarter t = elements
-    # 128a + 32t + l; value d * scale * (q - 32), scales per 16 columns (index 8a + 2t + (l >= 16))
-    n, row, split, first, last, m = _program(N, M, n_steps, steps_per_split, BLOCK_M, BLOCK_N)
-    n_super = K // 256
-    i = tl.arange(0, 32)
-    first_half = (i < 16)[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for sb in range(first, last):
-        d = tl.load(d_ptr + row * n_super + sb).to(tl.float32)
-        for a in tl.static_range(2):
-            ql = ql_ptr + row[None, :] * (n_super * 128) + sb * 128 + 64 * a + i[:, None]
-            lo, hi = tl.load(ql), tl.load(ql + 32)
-            qh = tl.load(qh_ptr + row[None, :] * (n_super * 64) + sb * 64 + 32 * a + i[:, None])
-            scales = scales_ptr + row * (n_super * 16) + sb * 16 + 8 * a
-            for t in tl.static_range(4):
-                bits = lo if t % 2 == 0 else hi
-                q = (((bits >> (4 * (t // 2))) & 15) | (((qh >> (2 * t)) & 3) << 4)).to(tl.float32) - 32.0
-                sc_0 = tl.load(scales + 2 * t).to(tl.float32)
-                sc_1 = tl.load(scales + 2 * t + 1).to(tl.float32)
-                scale = tl.where(first_half, (d * sc_0)[None, :], (d * sc_1)[None, :])
-                x = _x_f16(xq_ptr, xd_ptr, m, M, K, sb * 8 + 4 * a + t)
-                acc = tl.dot(x, (q * scale).to(tl.float16), acc)
-    store_partials(out_ptr, acc, m, n, M, N, split)
-
-
 def product(rows: Any, weight: Any, tile: tuple[int, int, int]) -> Any:
     """x [M, K] (Int8Rows) @ W^T [N, K] on the candidate, tile (BLOCK_M, BLOCK_N, warps)."""
     import torch
@@ -136,13 +108,9 @@ def product(rows: Any, weight: Any, tile: tuple[int, int, int]) -> Any:
     splits = triton.cdiv(n_steps, per_split)
     out = torch.empty(splits, m, n, dtype=torch.float32, device=rows.values.device)
     grid = (triton.cdiv(n, block_n), splits, triton.cdiv(m, block_m))
-    if weight.qtype.name == "Q4_K":
-        d, dmin, scales, qs = weight.planes
-        planes, kernel = (d, dmin, scales.view(torch.int32), qs), rows_q4_k_f16
-    else:
-        planes, kernel = weight.planes, rows_q6_k_f16
-    kernel[grid](
-        rows.values, rows.scales, *planes, out, m, n, k, n_steps, per_split,
+    d, dmin, scales, qs = weight.planes
+    rows_q4_k_f16[grid](
+        rows.values, rows.scales, d, dmin, scales.view(torch.int32), qs, out, m, n, k, n_steps, per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )  # fmt: skip
     return out.sum(0) if splits > 1 else out[0]

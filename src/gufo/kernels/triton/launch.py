@@ -168,7 +168,7 @@ MAX_TENSOR_ROWS = rows_int8.MAX_TENSOR_ROWS
 # TENSOR_WIDE_TILES where a format has one (docs/decisions.md, "Tensor-core decode rows": measured on the
 # H200). A row's numbers do not depend on the tile's width: the float part is elementwise, and the K
 # splits are counted on TENSOR_TILES' width whatever tile runs (`tensor_split_tiles`).
-TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 8)}
+TENSOR_TILES = {Q.Q8_0: (64, 4), Q.Q4_K: (64, 4), Q.Q6_K: (64, 4)}
 TENSOR_WIDE_TILES = {Q.Q4_K: (128, 4)}
 TENSOR_NARROW_ROWS = 8
 TENSOR_STEP = 256

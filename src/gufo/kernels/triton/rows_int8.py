@@ -6,12 +6,16 @@ one 32-column block are unpacked once to int8 [32, BLOCK_N] in registers and mee
 BLOCK_M = 16 activation rows (rows past M are zero) in one integer `tl.dot`: the exact int32 sums of
 the block for all 16 rows. The float part then scales and accumulates them block after block, in the
 same order and with the same instructions for every row: per block and row, (activation scale x
-weight scale) x sum; Q4_K's minimums through the activation sums, as in gemv_int8; Q6_K's -32 inside
-the int8 weights (q - 32 fits: no activation sums), its 16-column scales as two dots with the other
-half of the activations zeroed. A row's result therefore depends on that row alone: never on the other
-rows, M, or which tile along M holds it (batch invariance by construction). The split of K depends on
-the output tiles only (launch._splits). The float part runs on all 16 rows of a tile whatever M is, so
-it is kept to a few full-rate instructions per tile element (`_exact_float`, `_block_product`).
+weight scale) x sum; Q4_K's minimums through the activation sums, as in gemv_int8. Q6_K instead
+meets float16 operands: each 32-column block of weights dequantized once for the tile's rows (d x
+scale x (q - 32), rounded to float16 as prefill's dequantizer rounds it), the rows' int8 values times
+their scale rounded to float16, and the MMA accumulates in float32, so no float work per output and
+block is left (1.00-1.15x the int8 tile at 1-16 rows, 1.25-1.39x at 32-64 on the H200: docs/decisions.md,
+"Tensor-core decode rows"). A row's result depends on that row alone: never on the other rows, M, or
+which tile along M holds it, as every tile is BLOCK_M rows whatever M is (batch invariance by
+construction). The split of K depends on the output tiles only (launch._splits). The float part runs
+on all 16 rows of a tile whatever M is, so it is kept to a few full-rate instructions per tile element
+(`_exact_float`, `_block_product`).
 
 It is not bit-identical to the vector kernels (their sums run in another order): the engine takes one
 route for all its decode products (KernelOptions.row_products), so its output never depends on how
@@ -124,20 +128,22 @@ def rows_q4_k_int8(
 
 
 @triton.jit
-def rows_q6_k_int8(
+def rows_q6_k_f16(
     xq_ptr, xd_ptr, xs_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr, M, N, K, n_steps,
     steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # half a of a super-block = 128 elements; its quarter t = elements 128a + 32t + l: low 4 bits from
     # ql[64a + l] (t even) or ql[64a + 32 + l] (t odd), >> 4 (t // 2); high 2 bits qh[32a + l] >> 2t;
-    # value d * scale * (q - 32), q in 0..63, scales per 16 columns (index 8a + 2t + p). q - 32 fits
-    # int8, so the offset stays in the exact integer sums (no activation sums, unlike gemv_int8)
+    # value d * scale * (q - 32), q in 0..63, scales per 16 columns (index 8a + 2t + (l >= 16)). Each
+    # 32-column block of weights is dequantized to float16 once for the tile's rows and the rows' int8
+    # values times their scale rounded to float16: the MMA accumulates in float32, no float work per
+    # output and block (xs_ptr, the activation sums, is not read)
     n, row, split, first, last = vector_program(N, n_steps, steps_per_split, BLOCK_N, PDL, None, False)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_super = K // 256
     i = tl.arange(0, 32)
-    first_half = (i < 16)[None, :]  # of a block's columns: the first 16-column scale's
+    first_half = (i < 16)[:, None]  # of a block's columns: the first 16-column scale's
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         for s in tl.static_range(STEP // 256):
@@ -150,17 +156,16 @@ def rows_q6_k_int8(
                 scales = scales_ptr + row * (n_super * 16) + sb * 16 + 8 * a
                 for t in tl.static_range(4):
                     bits = lo if t % 2 == 0 else hi
-                    q = ((((bits >> (4 * (t // 2))) & 15) | (((qh >> (2 * t)) & 3) << 4)) - 32).to(tl.int8)
-                    x, xd = _x_block(xq_ptr, xd_ptr, m, M, K, sb * 8 + 4 * a + t)  # |sums| <= 32 * 127 * 32
-                    zero = tl.zeros_like(x)
+                    q = (((bits >> (4 * (t // 2))) & 15) | (((qh >> (2 * t)) & 3) << 4)).to(tl.float32) - 32.0
                     sc_0 = tl.load(scales + 2 * t).to(tl.float32)
                     sc_1 = tl.load(scales + 2 * t + 1).to(tl.float32)
-                    acc = _block_product(acc, tl.where(first_half, x, zero), xd, q, d * sc_0)
-                    acc = _block_product(acc, tl.where(first_half, zero, x), xd, q, d * sc_1)
+                    scale = tl.where(first_half, (d * sc_0)[None, :], (d * sc_1)[None, :])
+                    x, xd = _x_block(xq_ptr, xd_ptr, m, M, K, sb * 8 + 4 * a + t)
+                    acc = tl.dot((x.to(tl.float32) * xd).to(tl.float16), (q * scale).to(tl.float16), acc)
     store_partials(out_ptr, acc, m, n, M, N, split)
 
 
-KERNELS = {Q.Q8_0: rows_q8_0_int8, Q.Q4_K: rows_q4_k_int8, Q.Q6_K: rows_q6_k_int8}
+KERNELS = {Q.Q8_0: rows_q8_0_int8, Q.Q4_K: rows_q4_k_int8, Q.Q6_K: rows_q6_k_f16}
 SCALE_WORDS = {Q.Q4_K: 2}  # planes read as int32 words (Q4_K's packed scales, `_q4_k_chunk_scales`)
 
 
