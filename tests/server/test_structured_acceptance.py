@@ -102,12 +102,33 @@ SCHEMAS = [
     },
     obj({"temperature": {"type": "number", "minimum": -50, "maximum": 50}, "unit": {"enum": ["C", "F"]}}),
 ]
+# A function's parameters are an object: the 18 object schemas above and two shaped like tools' own.
+TOOL_SCHEMAS = [s for s in SCHEMAS if s.get("type") == "object"] + [
+    obj(
+        {
+            "query": SHORT,
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+            "sort": {"enum": ["asc", "desc"]},
+        }
+    ),
+    obj(
+        {
+            "items": {
+                "type": "array",
+                "items": obj({"sku": SHORT, "qty": {"type": "integer", "minimum": 1, "maximum": 9}}),
+                "minItems": 1,
+                "maxItems": 2,
+            },
+            "express": {"type": "boolean"},
+        }
+    ),
+]
 TOOLS = [
     {
         "type": "function",
         "function": {"name": f"tool_{index}", "description": f"Tool {index}", "parameters": schema},
     }
-    for index, schema in enumerate(s for s in SCHEMAS if s.get("type") == "object")
+    for index, schema in enumerate(TOOL_SCHEMAS)
 ]
 PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 MESSAGES = [{"role": "user", "content": "Answer with JSON."}]
