@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import gguf
 import numpy as np
 import pytest
 import torch
 from triton_interpreter import interpreter_tests
 
+from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.routing import ReferenceMoeCombine, ReferenceMoeRoute
 
 pytest.importorskip("triton")
@@ -22,6 +24,7 @@ from gufo.kernels.triton.routing import TritonMoeCombine, TritonMoeRoute  # noqa
 
 KERNEL = TritonMoeRoute(DependentLaunch(enabled=True))
 COMBINE = TritonMoeCombine(DependentLaunch(enabled=True))
+Q4_K = gguf.GGMLQuantizationType.Q4_K
 REL = 1e-6  # float32 rounding of the softmax and the renormalisation, summed in another order
 
 
@@ -77,8 +80,81 @@ def check_combine(tokens: int, k: int, cols: int, shared: bool, device: str = "c
     assert torch.allclose(got.double(), by_hand, rtol=1e-5, atol=1e-5)
 
 
+def check_route_with_the_shared_id() -> None:
+    x = logits(4, 256, seed=3)
+    weights, ids = KERNEL.apply(x, 8, True, extra=256)
+    want_weights, want_ids = ReferenceMoeRoute.apply(x, 8, True, extra=256)
+    assert ids.shape == (4, 9) and torch.equal(ids, want_ids) and bool((ids[:, 8] == 256).all())
+    assert torch.equal(ids[:, :8], KERNEL.apply(x, 8, True)[1])
+    assert torch.allclose(weights, want_weights, rtol=REL, atol=0.0)
+
+
+class StubFile:
+    """The tensors of one MoE block, as `MoEFFN` reads them from a ModelFile."""
+
+    label = "stub"
+
+    def __init__(self, tensors: dict):
+        self.tensors = tensors
+
+    def tensor(self, name: str):
+        return self.tensors[name]
+
+    def optional_tensor(self, name: str):
+        return self.tensors.get(name)
+
+
+def q4_k(name: str, shape: tuple[int, ...], seed: int):
+    """Random valid Q4_K blocks: random codes, small finite float16 scales (test_triton_experts')."""
+    rng = np.random.default_rng(seed)
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    blocks = rng.integers(0, 256, (rows, cols // 256, 144), dtype=np.uint8)
+    for offset in (0, 2):
+        halves = (rng.uniform(-1, 1, blocks.shape[:2]) * 0.01).astype(np.float16)
+        blocks[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    data = blocks.reshape(*shape[:-1], -1)
+    return TensorInfo(name, Q4_K, shape, 0, data.nbytes, data)
+
+
+def check_shared_expert_joins_the_gathered_products() -> None:
+    """A decode step with the shared expert as one more gathered expert (expert n): the same output as
+    the shared expert's own products (within float32 rounding of sums in another order), and as the
+    torch reference's float32 FFN within the int8 activations' rounding."""
+    from gufo.kernels.catalog import register_all
+    from gufo.models.moe import MoEFFN, MoEShape
+    from gufo.options import KernelOptions
+
+    register_all("cuda", KernelOptions(int8_min_weights=0))
+    n, k, ff, embd = 6, 2, 256, 256
+    p = "blk.0"
+    tensors = {
+        f"{p}.ffn_gate_inp.weight": q4_k(f"{p}.ffn_gate_inp.weight", (n, embd), 1),
+        f"{p}.ffn_gate_inp_shexp.weight": q4_k(f"{p}.ffn_gate_inp_shexp.weight", (1, embd), 2),
+        f"{p}.ffn_gate_up_exps.weight": q4_k(f"{p}.ffn_gate_up_exps.weight", (n, 2 * ff, embd), 3),
+        f"{p}.ffn_down_exps.weight": q4_k(f"{p}.ffn_down_exps.weight", (n, embd, ff), 4),
+        f"{p}.ffn_gate_shexp.weight": q4_k(f"{p}.ffn_gate_shexp.weight", (ff, embd), 5),
+        f"{p}.ffn_up_shexp.weight": q4_k(f"{p}.ffn_up_shexp.weight", (ff, embd), 6),
+        f"{p}.ffn_down_shexp.weight": q4_k(f"{p}.ffn_down_shexp.weight", (embd, ff), 7),
+    }
+    shape = MoEShape(n, k, ff, True)
+    joined = MoEFFN(StubFile(tensors), p, embd, shape, "cuda")
+    assert joined.shared_joins and joined.down.weight.n_experts == n + 1
+    apart = MoEFFN(StubFile(tensors), p, embd, shape, "cuda")
+    apart.shared_joins = False
+    reference = MoEFFN(StubFile(tensors), p, embd, shape, "torch")
+    assert not reference.shared_joins
+    x = torch.randn(3, embd, generator=torch.Generator().manual_seed(0))
+    for rows in (x[:1], x):
+        got, alone, want = joined(rows), apart(rows), reference(rows)
+        scale = want.abs().max()
+        assert torch.allclose(got, alone, rtol=0.0, atol=1e-5 * float(scale)), (got - alone).abs().max()
+        assert float((got - want).abs().max()) <= 3e-2 * float(scale), (got - want).abs().max()
+
+
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     return {
+        "route_with_the_shared_id": check_route_with_the_shared_id,
+        "shared_expert_joins": check_shared_expert_joins_the_gathered_products,
         "qwen35moe_shape": lambda: check_against_reference(5, 256, 8, True),
         "qwen3next_shape_unnormalised": lambda: check_against_reference(3, 512, 10, False),
         "experts_not_a_power_of_two": lambda: check_against_reference(4, 60, 6, True),

@@ -65,6 +65,9 @@ class ExpertLinearKernel(Kernel, Protocol):
 
     # most assignments (rows of x) one `gathered` call takes
     max_assignments: int = 16
+    # `prepare` copies the weights into a layout of its own (a GPU upload), so a tensor with one more
+    # expert appended costs no memory of a mapped file (gufo.models.moe joins the shared expert so)
+    copies_weights: bool = False
 
     def prepare(self, info: TensorInfo) -> Any:
         """The 3-D expert tensor as the kernel reads it (made once, at load)."""
@@ -284,10 +287,13 @@ class KVCacheView(Protocol):
 
 
 class MoeRouteKernel(Kernel, Protocol):
-    def apply(self, logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def apply(
+        self, logits: torch.Tensor, k: int, normalize: bool, extra: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64): the softmax over
         the E experts, its k largest probabilities in descending order (ties: the lower id first) and
-        their experts; with `normalize`, the k weights divided by their sum."""
+        their experts; with `normalize`, the k weights divided by their sum. With `extra`, the ids are
+        [T, k + 1], each row's last the id `extra` (the shared expert, run as one more assignment)."""
         ...
 
 
@@ -299,9 +305,9 @@ class MoeCombineKernel(Kernel, Protocol):
         shared: torch.Tensor | None = None,
         shared_gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Per assignment results y [T * k, C] (token-major) -> [T, C] float32: each token's k rows times
-        weights [T, k], summed in slot order; plus sigmoid(shared_gate) [T, 1] times shared [T, C] (the
-        shared expert) when given."""
+        """Per assignment results y [T * k, C] (token-major), or a [T, k, C] view -> [T, C] float32:
+        each token's k rows times weights [T, k], summed in slot order; plus sigmoid(shared_gate) [T, 1]
+        times shared [T, C] (the shared expert) when given."""
         ...
 
 

@@ -15,11 +15,15 @@ class ReferenceMoeRoute(MoeRouteKernel):
     name = "torch-moe-route"
 
     @staticmethod
-    def apply(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def apply(
+        logits: torch.Tensor, k: int, normalize: bool, extra: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         probs = torch.softmax(logits.float(), dim=-1)
         weights, chosen = probs.topk(k, dim=-1)
         if normalize:
             weights = weights / weights.sum(-1, keepdim=True)
+        if extra is not None:
+            chosen = torch.cat((chosen, chosen.new_full((chosen.shape[0], 1), extra)), dim=1)
         return weights, chosen
 
 

@@ -8,7 +8,9 @@ read the chosen experts in place by their device-side ids (no host read: capture
 prefill sorts the token-expert assignments by expert on the device (kernels.expert_groups) for one grouped
 product per matrix.
 Elsewhere each expert is its own `Linear` (the backend's kernel for any matrix) and every pass groups
-the assignments the same way, reading the per-expert counts on the host.
+the assignments the same way, reading the per-expert counts on the host. On a backend that uploads the
+experts, a shared expert shaped like them joins the stacks as expert n, so a decode step runs it as one
+more gathered assignment per token (`joinable`; docs/decisions.md says why).
 """
 
 from __future__ import annotations
@@ -66,6 +68,44 @@ def stacked_experts(first: TensorInfo, second: TensorInfo) -> TensorInfo:
     n, rows, cols = first.shape
     shape = (n, rows + second.shape[1], cols)
     return TensorInfo(f"{first.name}+{second.name}", first.qtype, shape, -1, data.nbytes, data)
+
+
+def with_expert(stack: TensorInfo, rows: list[TensorInfo]) -> TensorInfo:
+    """An expert tensor [n, r, cols] with one more expert after the others, made of the 2-D tensors `rows`
+    one after another (the shared expert's gate and up rows; its down rows)."""
+    n, r, cols = stack.shape
+    extra = np.concatenate([info.data.reshape(-1, stack.data.shape[-1]) for info in rows])
+    data = np.concatenate([stack.data, extra.reshape(1, *stack.data.shape[1:])])
+    name = "+".join([stack.name, *(info.name for info in rows)])
+    return TensorInfo(name, stack.qtype, (n + 1, r, cols), -1, data.nbytes, data)
+
+
+def joinable_assignments(backend: str, qtype: Any) -> int:
+    """How many assignments one gathered product of the backend's own expert kernel takes for this
+    block format, where that kernel copies the weights anyway (0: none, or the tensor stays mapped)."""
+    found = registry.find(backend, EXPERT_LINEAR, qtype)
+    own = found is not None and found[0] == backend and found[1].copies_weights
+    return found[1].max_assignments if own else 0
+
+
+def joinable(
+    gate_up: list[TensorInfo], down: TensorInfo, shared: list[TensorInfo], backend: str, assignments: int
+) -> bool:
+    """Whether the shared expert (its gate, up and down matrices) can run as one more routed expert in a
+    decode step's gathered products: shaped and typed like the routed experts (one gate_up tensor), on a
+    backend whose expert kernel gathers `assignments` (a token's chosen experts and the shared one)."""
+    if len(gate_up) != 1:
+        return False
+    _, rows, cols = gate_up[0].shape
+    gate, up, down_rows = shared
+    return (
+        tuple(gate.shape) == tuple(up.shape) == (rows // 2, cols)
+        and tuple(down_rows.shape) == tuple(down.shape[1:])
+        and gate.qtype == up.qtype == gate_up[0].qtype
+        and down_rows.qtype == down.qtype
+        and min(joinable_assignments(backend, gate_up[0].qtype), joinable_assignments(backend, down.qtype))
+        >= assignments
+    )
 
 
 def as_matrix(mf: ModelFile, name: str, cols: int) -> TensorInfo:
@@ -129,18 +169,11 @@ class MoEFFN:
             gate = expert_tensor(mf, f"{prefix}.ffn_gate_exps.weight", ff, n_embd, n)
             up = expert_tensor(mf, f"{prefix}.ffn_up_exps.weight", ff, n_embd, n)
             parts = [stacked_experts(gate, up)] if gate.qtype == up.qtype else [gate, up]
-        # one product for each expert's gate and up rows where they share a block format
-        self.gate_up = [ExpertMatrices(info, backend) for info in parts]
         down = expert_tensor(mf, f"{prefix}.ffn_down_exps.weight", n_embd, ff, n)
-        self.down = ExpertMatrices(down, backend)
-        # most token-expert assignments a pass gathers on the device (0: every pass groups them)
-        self.max_gathered = min(m.max_assignments for m in (*self.gate_up, self.down))
-        self.activation = registry.lookup(backend, GATED_ACT)[1]
-        self.route = registry.lookup(backend, MOE_ROUTE)[1]
-        self.combine = registry.lookup(backend, MOE_COMBINE)[1]
         self.shared: GatedFFN | None = None
         self.shared_gate: Linear | None = None  # the shared expert's gate, where the router's rows lack it
         routers = [router]
+        self.shared_joins = False  # the shared expert is expert n of the decode's gathered products
         if f"{prefix}.ffn_up_shexp.weight" in mf.tensors:
             self.shared = GatedFFN(mf, prefix, backend, "silu", suffix="_shexp")
             gate_inp = as_matrix(mf, f"{prefix}.ffn_gate_inp_shexp.weight", n_embd)
@@ -148,7 +181,19 @@ class MoEFFN:
                 routers.append(gate_inp)
             else:
                 self.shared_gate = Linear.of([gate_inp], backend)
+            shared = [mf.tensor(f"{prefix}.ffn_{name}_shexp.weight") for name in ("gate", "up", "down")]
+            if joinable(parts, down, shared, backend, shape.n_used + 1):
+                parts, down = [with_expert(parts[0], shared[:2])], with_expert(down, shared[2:])
+                self.shared_joins = True
         self.router = Linear.of(routers, backend)
+        # one product for each expert's gate and up rows where they share a block format
+        self.gate_up = [ExpertMatrices(info, backend) for info in parts]
+        self.down = ExpertMatrices(down, backend)
+        # most token-expert assignments a pass gathers on the device (0: every pass groups them)
+        self.max_gathered = min(m.max_assignments for m in (*self.gate_up, self.down))
+        self.activation = registry.lookup(backend, GATED_ACT)[1]
+        self.route = registry.lookup(backend, MOE_ROUTE)[1]
+        self.combine = registry.lookup(backend, MOE_COMBINE)[1]
 
     @property
     def device_routed(self) -> bool:
@@ -161,8 +206,14 @@ class MoEFFN:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.router(x)
-        n = self.shape.n_experts
-        weights, chosen = self.route.apply(logits[:, :n], self.shape.n_used, self.shape.norm_top_k)
+        n, k, tokens = self.shape.n_experts, self.shape.n_used, x.shape[0]
+        joined = self.shared_joins and tokens * (k + 1) <= self.max_gathered
+        extra = n if joined else None
+        weights, chosen = self.route.apply(logits[:, :n], k, self.shape.norm_top_k, extra)
+        if joined:  # the shared expert's rows come with the routed ones, in each token's last slot
+            y = self._gathered(x, chosen).view(tokens, k + 1, -1)
+            gate = logits[:, n:] if self.shared_gate is None else self.shared_gate(x)
+            return self.combine.apply(y[:, :k], weights, y[:, k], gate).to(x.dtype)
         y = self._gathered(x, chosen) if chosen.numel() <= self.max_gathered else self._grouped(x, chosen)
         if self.shared is None:
             return self.combine.apply(y, weights).to(x.dtype)

@@ -57,6 +57,7 @@ class ExpertWeight:
 class TritonExpertLinear(ExpertLinearKernel):
     name = "triton-experts"
     max_assignments = MAX_ASSIGNMENTS
+    copies_weights = True  # uploaded to the device once
 
     def __init__(self, options: KernelOptions) -> None:
         self.linear = TritonLinear(options)

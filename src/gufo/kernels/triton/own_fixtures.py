@@ -257,13 +257,15 @@ REFERENCE_ROUTERS = ((256, 8), (512, 10))
 
 
 def routing_examples(options: KernelOptions) -> Iterator[str]:
-    """The MoE router's choice (softmax, top k, renormalised) on the reference routers' logits, and the
-    combination of the chosen experts' results (hidden size 2048) with and without a shared expert."""
+    """The MoE router's choice (softmax, top k, renormalised) on the reference routers' logits, with the
+    shared expert's id as one more assignment too (decode), and the combination of the chosen experts'
+    results (hidden size 2048) with and without a shared expert."""
     launch = DependentLaunch(options.dependent_launch)
     route, combine = TritonMoeRoute(launch), TritonMoeCombine(launch)
     yield "float32"
     for experts, k in REFERENCE_ROUTERS:
         route.apply(torch.empty(1, experts, device="meta"), k, True)
+        route.apply(torch.empty(1, experts, device="meta"), k, True, extra=experts)
         y, weights = torch.empty(k, 2048, device="meta"), torch.empty(1, k, device="meta")
         combine.apply(y, weights)
         combine.apply(y, weights, torch.empty(1, 2048, device="meta"), torch.empty(1, 1, device="meta"))

@@ -31,10 +31,12 @@ COMBINE_BLOCK = 1024  # columns per program of the combination
 
 @triton.jit
 def moe_route_rows(
-    logits_ptr, weights_ptr, ids_ptr, E, stride,
-    K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    logits_ptr, weights_ptr, ids_ptr, E, stride, extra_id,
+    K: tl.constexpr, NORM: tl.constexpr, EXTRA: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
-    """weights[t, :K], ids[t, :K] = the top K of softmax(logits[t, :E]), in descending order."""
+    """weights[t, :K], ids[t, :K] = the top K of softmax(logits[t, :E]), in descending order; with
+    EXTRA, ids[t, K] = extra_id (the ids' rows are K + EXTRA long)."""
     wait_for_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
@@ -58,13 +60,17 @@ def moe_route_rows(
     if NORM:
         top = top / total
     tl.store(weights_ptr + t * K + j, top, mask=j < K)
-    tl.store(ids_ptr + t * K + j, ids, mask=j < K)
+    if EXTRA:
+        ids = tl.where(j == K, extra_id.to(tl.int64), ids)
+    tl.store(ids_ptr + t * (K + EXTRA) + j, ids, mask=j < K + EXTRA)
 
 
 class TritonMoeRoute(LaunchedKernel, MoeRouteKernel):
     name = "triton-moe-route"
 
-    def apply(self, logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def apply(
+        self, logits: torch.Tensor, k: int, normalize: bool, extra: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         check_dtype("router logits", logits, (torch.float32, torch.float16, torch.bfloat16))
         rows, experts = logits.shape
         if not 0 < k <= experts:
@@ -72,22 +78,25 @@ class TritonMoeRoute(LaunchedKernel, MoeRouteKernel):
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
         weights = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
-        ids = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
+        slots = k + (extra is not None)
+        ids = torch.empty(rows, slots, dtype=torch.int64, device=logits.device)
         if rows:
             moe_route_rows[(rows,)](
-                logits, weights, ids, experts, logits.stride(0),
-                K=k, NORM=normalize, BLOCK_E=triton.next_power_of_2(experts),
-                BLOCK_K=triton.next_power_of_2(k), num_warps=NUM_WARPS, **self.launch.options(logits.device),
+                logits, weights, ids, experts, logits.stride(0), 0 if extra is None else extra,
+                K=k, NORM=normalize, EXTRA=extra is not None, BLOCK_E=triton.next_power_of_2(experts),
+                BLOCK_K=triton.next_power_of_2(slots), num_warps=NUM_WARPS,
+                **self.launch.options(logits.device),
             )  # fmt: skip
         return weights, ids
 
 
 @triton.jit
 def moe_combine_rows(
-    y_ptr, w_ptr, shared_ptr, gate_ptr, out_ptr, C, stride_y, stride_shared, stride_gate,
+    y_ptr, w_ptr, shared_ptr, gate_ptr, out_ptr, C, stride_token, stride_slot, stride_shared, stride_gate,
     K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """out[t, c] = sum over slots j of w[t, j] * y[t K + j, c] (+ sigmoid(gate[t]) * shared[t, c])."""
+    """out[t, c] = sum over slots j of w[t, j] * y[t, j, c] (+ sigmoid(gate[t]) * shared[t, c]), y's
+    rows `stride_token` apart per token and `stride_slot` per slot."""
     wait_for_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -95,7 +104,8 @@ def moe_combine_rows(
     acc = tl.zeros((BLOCK,), tl.float32)
     for slot in tl.static_range(K):
         w = tl.load(w_ptr + t * K + slot)
-        acc += w * tl.load(y_ptr + (t * K + slot) * stride_y + c, mask=valid, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + t * stride_token + slot * stride_slot + c, mask=valid, other=0.0)
+        acc += w * y.to(tl.float32)
     if SHARED:
         g = tl.load(gate_ptr + t * stride_gate).to(tl.float32)
         s = tl.load(shared_ptr + t * stride_shared + c, mask=valid, other=0.0).to(tl.float32)
@@ -114,11 +124,18 @@ class TritonMoeCombine(LaunchedKernel, MoeCombineKernel):
         shared_gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
         tokens, k = weights.shape
-        check_size("expert results (tokens x chosen)", y.shape[0], tokens * k)
+        if y.dim() == 3:  # [tokens, k, cols], a view (the shared expert's slot left out)
+            check_size("expert results per token", y.shape[1], k)
+            check_size("expert results (tokens)", y.shape[0], tokens)
+        else:
+            check_size("expert results (tokens x chosen)", y.shape[0], tokens * k)
         cols = y.shape[-1]
         weights = weights.float().contiguous()
         if y.stride(-1) != 1:
             y = y.contiguous()
+        stride_token, stride_slot = (
+            (y.stride(0), y.stride(1)) if y.dim() == 3 else (k * y.stride(0), y.stride(0))
+        )
         with_shared = shared is not None and shared_gate is not None
         if with_shared:
             check_device("shared expert", shared, y.device)
@@ -132,7 +149,7 @@ class TritonMoeCombine(LaunchedKernel, MoeCombineKernel):
         if tokens:
             moe_combine_rows[(tokens, triton.cdiv(cols, COMBINE_BLOCK))](
                 y, weights, shared, shared_gate, out, cols,
-                y.stride(0), shared.stride(0), shared_gate.stride(0),
+                stride_token, stride_slot, shared.stride(0), shared_gate.stride(0),
                 K=k, SHARED=with_shared, BLOCK=COMBINE_BLOCK, num_warps=NUM_WARPS,
                 **self.launch.options(y.device),
             )  # fmt: skip
