@@ -16,6 +16,7 @@ r <= c it allows only a prefix of the closing.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -241,6 +242,10 @@ class BudgetTable:
         # The closing's ASCII bytes each need a token (a closing inside a multi-byte character also uses
         # a continuation byte; a vocabulary without it leaves that rare reply as the grammar has it).
         self.complete = all(bytes([b]) in self.closing_tokens for b in CLOSING_BYTES if b < 0x80)
+        # the strings of most replies (keys and values one or two objects deep), walked here, where the
+        # table is built off the scheduler's thread, rather than in a decode step
+        for frames, key in itertools.product(("o", "oo", "oa"), (True, False)):
+            self._growth_of_quoted(Cursor(frames, "string", key=key))
 
     @staticmethod
     def _tail_due(flat: np.ndarray, owner: np.ndarray, ends: np.ndarray, count: int) -> np.ndarray:
