@@ -236,16 +236,19 @@ class TokenConstraint:
         return masked[0]
 
     def accept(self, token: int) -> None:
-        if self._matcher.is_terminated():
-            return
-        if not self._within_budget(token) or not self._matcher.accept_token(token):
+        if not self._matcher.is_terminated() and not self._take(token):
             raise RuntimeError(f"token {token} breaks the grammar")  # a masked sampler never draws one
-        if self._budget is not None:
-            self._budget.accept(token)
         self._filled = False
 
-    def _within_budget(self, token: int) -> bool:
-        return self._budget is None or self._budget.allows(token)
+    def _take(self, token: int) -> bool:
+        """Accept `token` where the budget and the grammar both allow it; else leave both as they were."""
+        if self._budget is not None and not self._budget.take(token):
+            return False
+        if self._matcher.accept_token(token):
+            return True
+        if self._budget is not None:
+            self._budget.rollback(1)
+        return False
 
     @property
     def ended(self) -> bool:
@@ -255,13 +258,7 @@ class TokenConstraint:
     def advance(self, token: int) -> bool:
         """Accept `token` if the grammar allows it here; False (the state unchanged) if not. Speculation
         checks drafted tokens so, then `rollback`s them."""
-        accepted = (
-            not self._matcher.is_terminated()
-            and self._within_budget(token)
-            and self._matcher.accept_token(token)
-        )
-        if accepted and self._budget is not None:
-            self._budget.accept(token)
+        accepted = not self._matcher.is_terminated() and self._take(token)
         self._filled = self._filled and not accepted
         return accepted
 

@@ -277,15 +277,19 @@ class BudgetTable:
         """The tokens `bitmask` allows after which `cursor`'s closing is more than `slack` bytes longer."""
         if cursor.mode == "string" and cursor.escape == 0:  # nearly every token is allowed
             plain = self._above(self.string_plain, slack + cursor.utf8)
-            quoted = self.quoted[self._growth_of_quoted(cursor) > slack] if slack < self.quoted_bound else []
-            return allowed(np.concatenate((plain, quoted)).astype(np.int64), bitmask)
+            if slack < self.quoted_bound:
+                plain = np.concatenate((plain, self.quoted[self._growth_of_quoted(cursor) > slack]))
+            return allowed(plain, bitmask)
         suspects = self._above(self.outside, slack)
         if len(suspects) > FEW:  # few tokens are allowed outside strings: take those first
             suspects = np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), bitorder="little"))
             suspects = suspects[self.bound[suspects] > slack]
         else:
             suspects = allowed(suspects, bitmask)
-        return np.array([t for t in suspects.tolist() if self.grows(cursor, t, slack)], dtype=np.int64)
+        base = len(cursor.closing())
+        return np.array(
+            [t for t in suspects.tolist() if self.growth(cursor, base, t) > slack], dtype=np.int64
+        )
 
     def _growth_of_quoted(self, cursor: Cursor) -> np.ndarray:
         """[quoted tokens] each one's growth of the closing from `cursor`, a string's, walked once per
@@ -296,17 +300,15 @@ class BudgetTable:
             if len(self._quoted_growth) >= MAX_KEPT_CURSORS:
                 self._quoted_growth.clear()
             base = len(cursor.closing())
-            walked = (cursor.run(self.pieces[t]) for t in self.quoted.tolist())
-            growth = np.array(
-                [-base - 1 if a is None else len(a.closing()) - base for a in walked], dtype=np.int64
-            )
+            growth = np.array([self.growth(cursor, base, t) for t in self.quoted.tolist()], dtype=np.int64)
             self._quoted_growth[cursor] = growth
         return growth
 
-    def grows(self, cursor: Cursor, token: int, slack: int) -> bool:
-        """Whether `token` (walked) makes `cursor`'s closing more than `slack` bytes longer."""
+    def growth(self, cursor: Cursor, base: int, token: int) -> int:
+        """How many bytes `token` (walked) adds to `cursor`'s closing of `base` bytes; -base - 1 where
+        the grammar has no place for it (it grows nothing the mask would have to forbid)."""
         after = cursor.run(self.pieces[token])
-        return after is not None and len(after.closing()) - len(cursor.closing()) > slack
+        return -base - 1 if after is None else len(after.closing()) - base
 
 
 def allowed(ids: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
@@ -330,13 +332,21 @@ class ReplyBudget:
         tokens = self._table.closing_tokens
         return [t for k in range(1, len(closing) + 1) for t in tokens.get(closing[:k], ())]
 
+    def _state(self) -> tuple[Cursor, int, bytes] | None:
+        """(the cursor, the tokens left, its closing), or None where the budget cannot help (the text
+        left the grammar's shape, or the vocabulary lacks a closing byte's token)."""
+        cursor = self._cursors[-1]
+        if cursor is None or not self._table.complete:
+            return None
+        return cursor, self._left, cursor.closing()
+
     def restrict(self, bitmask: np.ndarray) -> None:
         """Clear, in one row of an xgrammar bitmask, the allowed tokens after which the closing would no
         longer fit the tokens left."""
-        cursor, left = self._cursors[-1], self._left
-        if cursor is None or not self._table.complete:
+        state = self._state()
+        if state is None:
             return
-        closing = cursor.closing()
+        cursor, left, closing = state
         if left <= len(closing):  # only the closing fits: a prefix of it
             kept = allowed(np.array(self._closing_ids(closing), dtype=np.int64), bitmask)
             if kept.size:  # else the closing cannot be written here (never in the grammar): as it was
@@ -346,19 +356,21 @@ class ReplyBudget:
         over = self._table.growing(cursor, left - 1 - len(closing), bitmask)
         np.bitwise_and.at(bitmask, over >> 5, ~np.left_shift(1, over & 31).astype(np.int32))
 
-    def allows(self, token: int) -> bool:
-        """Whether `restrict` leaves `token` allowed (the grammar aside)."""
-        cursor, left = self._cursors[-1], self._left
-        if cursor is None or not self._table.complete:
-            return True
-        closing = cursor.closing()
-        if left <= len(closing):
-            return token in self._closing_ids(closing)
-        return not self._table.grows(cursor, token, left - 1 - len(closing))
-
-    def accept(self, token: int) -> None:
+    def take(self, token: int) -> bool:
+        """Move past `token` if `restrict` leaves it allowed (the grammar aside): False, the state
+        unchanged, if not. The token is walked once, for the check and the next cursor alike."""
         cursor = self._cursors[-1]
-        self._cursors.append(None if cursor is None else cursor.run(self._table.pieces[token]))
+        after = None if cursor is None else cursor.run(self._table.pieces[token])
+        state = self._state()
+        if state is not None:
+            _, left, closing = state
+            if left <= len(closing):
+                if token not in self._closing_ids(closing):
+                    return False
+            elif after is not None and len(after.closing()) > left - 1:
+                return False
+        self._cursors.append(after)
+        return True
 
     def rollback(self, count: int) -> None:
         del self._cursors[len(self._cursors) - count :]

@@ -61,23 +61,22 @@ def expert_tensor(mf: ModelFile, name: str, rows: int, cols: int, n_experts: int
     return info
 
 
-def stacked_experts(first: TensorInfo, second: TensorInfo) -> TensorInfo:
-    """Two expert tensors of one block format as one, each expert's rows of `first` then of `second`
-    (separate gate and up tensors as the fused gate_up one)."""
-    data = np.concatenate([first.data, second.data], axis=1)
-    n, rows, cols = first.shape
-    shape = (n, rows + second.shape[1], cols)
-    return TensorInfo(f"{first.name}+{second.name}", first.qtype, shape, -1, data.nbytes, data)
-
-
-def with_expert(stack: TensorInfo, rows: list[TensorInfo]) -> TensorInfo:
-    """An expert tensor [n, r, cols] with one more expert after the others, made of the 2-D tensors `rows`
-    one after another (the shared expert's gate and up rows; its down rows)."""
-    n, r, cols = stack.shape
-    extra = np.concatenate([info.data.reshape(-1, stack.data.shape[-1]) for info in rows])
-    data = np.concatenate([stack.data, extra.reshape(1, *stack.data.shape[1:])])
-    name = "+".join([stack.name, *(info.name for info in rows)])
-    return TensorInfo(name, stack.qtype, (n + 1, r, cols), -1, data.nbytes, data)
+def stacked_experts(parts: list[TensorInfo], extra: list[TensorInfo] | None = None) -> TensorInfo:
+    """Expert tensors of one block format as one, each expert's rows of the parts one after another
+    (separate gate and up tensors as the fused gate_up one); with `extra`, one more expert after the
+    others made of those 2-D tensors' rows (the shared expert's gate and up; its down). One copy."""
+    n, _, cols = parts[0].shape
+    rows = sum(part.shape[1] for part in parts)
+    row_bytes = parts[0].data.shape[-1]
+    data = np.empty((n + (extra is not None), rows, row_bytes), dtype=parts[0].data.dtype)
+    at = 0
+    for part in parts:
+        data[:n, at : at + part.shape[1]] = part.data
+        at += part.shape[1]
+    if extra is not None:
+        data[n] = np.concatenate([info.data.reshape(-1, row_bytes) for info in extra])
+    name = "+".join(info.name for info in (*parts, *(extra or ())))
+    return TensorInfo(name, parts[0].qtype, (len(data), rows, cols), -1, data.nbytes, data)
 
 
 def joinable_assignments(backend: str, qtype: Any) -> int:
@@ -92,11 +91,12 @@ def joinable(
     gate_up: list[TensorInfo], down: TensorInfo, shared: list[TensorInfo], backend: str, assignments: int
 ) -> bool:
     """Whether the shared expert (its gate, up and down matrices) can run as one more routed expert in a
-    decode step's gathered products: shaped and typed like the routed experts (one gate_up tensor), on a
-    backend whose expert kernel gathers `assignments` (a token's chosen experts and the shared one)."""
-    if len(gate_up) != 1:
+    decode step's gathered products: shaped and typed like the routed experts (their gate and up rows of
+    one block format), on a backend whose expert kernel gathers `assignments` (a token's chosen experts
+    and the shared one)."""
+    if len({part.qtype for part in gate_up}) != 1:
         return False
-    _, rows, cols = gate_up[0].shape
+    rows, cols = sum(part.shape[1] for part in gate_up), gate_up[0].shape[2]
     gate, up, down_rows = shared
     return (
         tuple(gate.shape) == tuple(up.shape) == (rows // 2, cols)
@@ -166,9 +166,10 @@ class MoEFFN:
         if fused in mf.tensors:
             parts = [expert_tensor(mf, fused, 2 * ff, n_embd, n)]
         else:
-            gate = expert_tensor(mf, f"{prefix}.ffn_gate_exps.weight", ff, n_embd, n)
-            up = expert_tensor(mf, f"{prefix}.ffn_up_exps.weight", ff, n_embd, n)
-            parts = [stacked_experts(gate, up)] if gate.qtype == up.qtype else [gate, up]
+            parts = [
+                expert_tensor(mf, f"{prefix}.ffn_{name}_exps.weight", ff, n_embd, n)
+                for name in ("gate", "up")
+            ]
         down = expert_tensor(mf, f"{prefix}.ffn_down_exps.weight", n_embd, ff, n)
         self.shared: GatedFFN | None = None
         self.shared_gate: Linear | None = None  # the shared expert's gate, where the router's rows lack it
@@ -182,9 +183,11 @@ class MoEFFN:
             else:
                 self.shared_gate = Linear.of([gate_inp], backend)
             shared = [mf.tensor(f"{prefix}.ffn_{name}_shexp.weight") for name in ("gate", "up", "down")]
-            if joinable(parts, down, shared, backend, shape.n_used + 1):
-                parts, down = [with_expert(parts[0], shared[:2])], with_expert(down, shared[2:])
-                self.shared_joins = True
+            self.shared_joins = joinable(parts, down, shared, backend, shape.n_used + 1)
+        if self.shared_joins:
+            parts, down = [stacked_experts(parts, shared[:2])], stacked_experts([down], shared[2:])
+        elif len(parts) > 1 and parts[0].qtype == parts[1].qtype:
+            parts = [stacked_experts(parts)]
         self.router = Linear.of(routers, backend)
         # one product for each expert's gate and up rows where they share a block format
         self.gate_up = [ExpertMatrices(info, backend) for info in parts]
@@ -210,14 +213,14 @@ class MoEFFN:
         joined = self.shared_joins and tokens * (k + 1) <= self.max_gathered
         extra = n if joined else None
         weights, chosen = self.route.apply(logits[:, :n], k, self.shape.norm_top_k, extra)
-        if joined:  # the shared expert's rows come with the routed ones, in each token's last slot
-            y = self._gathered(x, chosen).view(tokens, k + 1, -1)
-            gate = logits[:, n:] if self.shared_gate is None else self.shared_gate(x)
-            return self.combine.apply(y[:, :k], weights, y[:, k], gate).to(x.dtype)
-        y = self._gathered(x, chosen) if chosen.numel() <= self.max_gathered else self._grouped(x, chosen)
         if self.shared is None:
+            y = self._gathered(x, chosen) if chosen.numel() <= self.max_gathered else self._grouped(x, chosen)
             return self.combine.apply(y, weights).to(x.dtype)
         gate = logits[:, n:] if self.shared_gate is None else self.shared_gate(x)
+        if joined:  # the shared expert's rows come with the routed ones, in each token's last slot
+            y = self._gathered(x, chosen).view(tokens, k + 1, -1)
+            return self.combine.apply(y[:, :k], weights, y[:, k], gate).to(x.dtype)
+        y = self._gathered(x, chosen) if chosen.numel() <= self.max_gathered else self._grouped(x, chosen)
         return self.combine.apply(y, weights, self.shared(x), gate).to(x.dtype)
 
     def _experts(self, rows: torch.Tensor, product: Any) -> torch.Tensor:
