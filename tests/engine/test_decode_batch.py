@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gufo.engine.engine import Engine
+from gufo.engine.sampling import QueuedTokens, first_max_queued
 from gufo.errors import BadInputError
 from gufo.options import KernelOptions, RunOptions
 from tests.engine.tiny_model import write_tiny_model
@@ -66,6 +67,31 @@ def test_gpu_rows_equal_their_own_decode_steps(model, monkeypatch):
             )
             got = batched.decode_batch(tokens, positions, slots).cpu()
         assert torch.equal(got, want), step
+        positions = [p + 1 for p in positions]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_rows", [1, 18])
+def test_gpu_steps_fed_queued_ids_are_the_steps_fed_host_ids(n_rows):
+    """Greedy steps chained on the device as a server queues them: each step is fed the previous step's
+    first maxima as device ids (`first_max_queued`), every third row a host id instead
+    (`QueuedTokens.mixed`); each row's logits are bit for bit those of its one-token step fed the same id
+    from the host, and `QueuedTokens.tolist` reads the ids the host's own rule picks."""
+    prompts = [[(7 * i + j) % 50 + 1 for j in range(1 + i % 5)] for i in range(n_rows)]
+    slots = [(5 * i) % n_rows for i in range(n_rows)]
+    positions = [len(prompts[s]) for s in slots]
+    alone, queued = prefilled("smollm2-135m", prompts, "cuda"), prefilled("smollm2-135m", prompts, "cuda")
+    picked = QueuedTokens(torch.tensor([40 + s for s in slots], device="cuda"))
+    for step in range(3):
+        rows = [None if i % 3 == 2 else (i + step) % n_rows for i in range(n_rows)]
+        host = [30 + i for i in range(n_rows)]
+        got = queued.decode_batch(picked.mixed(rows, host), positions, slots)
+        previous = picked.tolist()
+        tokens = [host[i] if r is None else previous[r] for i, r in enumerate(rows)]
+        want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, positions, slots, strict=True)])
+        assert torch.equal(got.cpu(), want), step
+        picked = QueuedTokens(first_max_queued(got))
+        assert picked.tolist() == [row.tolist().index(max(row.tolist())) for row in want], step
         positions = [p + 1 for p in positions]
 
 

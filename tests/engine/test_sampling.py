@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gufo.engine.sampling import Sampler, SamplingParams, greedy_split
+from gufo.engine.sampling import QueuedTokens, Sampler, SamplingParams, first_max_queued, greedy_split
 from gufo.engine.trace import token_trace_hash
 
 
@@ -128,6 +128,23 @@ def test_greedy_split_on_the_gpu_picks_what_the_host_sampler_picks():
     rows[:, 7] = rows[:, 700] = rows.max() + 1  # tied maxima
     rows[3, 7] = float("nan")
     greedy_rows_agree(rows.tolist(), "cuda")
+
+
+@pytest.mark.gpu
+def test_queued_first_maxima_on_the_gpu_are_the_host_rule():
+    """`first_max_queued` (nothing read on the host) on rows with ties, NaN and infinities: the plain
+    Python rule, read back through `QueuedTokens`."""
+    rows = [
+        [0.0, 3.0, 1.0, 3.0, 3.0],
+        [float("nan"), 1.0, 1.0, 0.0, 0.0],
+        [float("nan"), float("-inf"), float("nan"), float("-inf"), float("nan")],
+        [float("-inf"), LOWEST, float("-inf"), float("-inf"), float("-inf")],
+        [float("inf"), 5.0, float("inf"), 1.0, 0.0],
+        [-0.0, 0.0, -1.0, -2.0, -3.0],
+    ]
+    picked = QueuedTokens(first_max_queued(torch.tensor(rows, device="cuda")))
+    assert picked.ids.device.type == "cuda"
+    assert picked.tolist() == [first_max_by_hand(row) for row in rows]
 
 
 def test_plain_greedy_is_greedy_with_nothing_that_changes_or_masks_the_logits():

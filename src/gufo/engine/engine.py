@@ -302,14 +302,16 @@ class Engine:
                 self.graph_decoder.keep_hidden()
         return self.hidden_rows
 
-    def decode_step(self, token: int, position: int, slot: int) -> torch.Tensor:
-        """Logits (on the device) of one token: a captured-graph replay on a GPU, else one eager pass."""
+    def decode_step(self, token: int | torch.Tensor, position: int, slot: int) -> torch.Tensor:
+        """Logits (on the device) of one token (an int, or a one-id tensor on the engine's device): a
+        captured-graph replay on a GPU, else one eager pass."""
+        queued = isinstance(token, torch.Tensor)
         if self.graph_decoder is not None:
-            return self._graph_step([token], position, slot)[-1]
-        return self._eager_pass(torch.tensor([token]), slot, position)[-1]
+            return self._graph_step(token.view(1) if queued else [token], position, slot)[-1]
+        return self._eager_pass(token.view(1) if queued else torch.tensor([token]), slot, position)[-1]
 
     def _graph_step(
-        self, tokens: Sequence[int], position: int, slot: int, checkpoints: list | None = None
+        self, tokens: Sequence[int] | torch.Tensor, position: int, slot: int, checkpoints: list | None = None
     ) -> torch.Tensor:
         """`GraphDecoder.decode`'s logits (its buffer), its hidden rows kept where a proposer asked."""
         logits = self.graph_decoder.decode(tokens, position, slot, checkpoints)
@@ -434,11 +436,13 @@ class Engine:
 
     @torch.inference_mode()
     def decode_batch(
-        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]
+        self, tokens: Sequence[int] | torch.Tensor, positions: Sequence[int], slots: Sequence[int]
     ) -> torch.Tensor:
         """One decode step for several sequences (token i at positions[i] in slots[i]): logits [B, vocab],
         a fresh tensor left on the engine's device, so that a server copies to the host only the rows
-        it samples there (`gufo.engine.sampling.greedy_split`).
+        it samples there (`gufo.engine.sampling.greedy_split`). `tokens` may be ids on the engine's
+        device (the previous step's greedy picks, still being computed): nothing then waits for them
+        on a GPU's graph replays, so the host can queue the step before it reads the previous one.
 
         Each row's logits equal what `decode` gives it alone (greedy output does not depend on the
         batch): one pass reading each weight once for all rows when the decode kernel takes rows of
@@ -461,7 +465,7 @@ class Engine:
             if not batched or not self.batched_rows:  # graphs reuse their buffer: each row is cloned
                 steps = zip(tokens, positions, slots, strict=True)
                 return torch.stack([self.decode_step(t, p, s).clone() for t, p, s in steps])
-            ids = torch.tensor(list(tokens), dtype=torch.long)
+            ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens), dtype=torch.long)
             where = RowPositions(tuple(slots), tuple(positions))
             return self.model.forward(ids, self.cache, slots[0], where, all_logits=True, per_token=True)
 

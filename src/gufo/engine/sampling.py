@@ -144,11 +144,59 @@ def first_max(logits: torch.Tensor) -> torch.Tensor:
     """The index of each row's first maximum (ties go to the lowest id), NaN counting as -inf (as the
     lowest float, like -inf). Without a NaN and with a maximum above the lowest float (every real row),
     the raw maximum is that index: no copy of the logits then (a fresh 39 MB one per 64-row step page
-    faulted on the CPU)."""
+    faulted on the CPU). The check reads the maxima on the host (see `first_max_queued`)."""
     values, ids = torch.max(logits, dim=-1)  # NaN propagates: a row's NaN is its value
-    if bool((values > torch.finfo(logits.dtype).min).all()):
+    if bool(_real_rows(logits, values).all()):
         return ids
+    return _first_max_of_odd_rows(logits)
+
+
+def first_max_queued(logits: torch.Tensor) -> torch.Tensor:
+    """`first_max`, queued on the logits' device without waiting for it (the host reads nothing): every
+    row's odd-row answer is computed too and the raw maximum kept where the row is real. On the CPU,
+    where nothing is queued, `first_max` itself."""
+    if logits.device.type == "cpu":
+        return first_max(logits)
+    values, ids = torch.max(logits, dim=-1)
+    return torch.where(_real_rows(logits, values), ids, _first_max_of_odd_rows(logits))
+
+
+def _real_rows(logits: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Rows whose raw maximum is their first maximum: no NaN, the maximum above the lowest float."""
+    return values > torch.finfo(logits.dtype).min
+
+
+def _first_max_of_odd_rows(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(torch.nan_to_num(logits, nan=float("-inf"), posinf=float("inf")), dim=-1)
+
+
+class QueuedTokens:
+    """Token ids computed on a device, the host's copy on its way: `ids` (on the device) can feed the next
+    step at once, and `tolist` waits for these ids only, not for work queued after them."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+        self._ready: torch.cuda.Event | None = None
+        if ids.device.type == "cpu":
+            self._host = ids
+            return
+        self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        self._host.copy_(ids, non_blocking=True)
+        self._ready = torch.cuda.Event()  # torch.cuda drives HIP on ROCm too
+        self._ready.record(torch.cuda.current_stream(ids.device))
+
+    def tolist(self) -> list[int]:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
+
+    def mixed(self, rows: Sequence[int | None], ids: Sequence[int]) -> torch.Tensor:
+        """Ids on the device, one per entry: row `rows[i]` of these ids, or `ids[i]` where that is None;
+        the given values travel from pinned memory, so the host waits for nothing."""
+        given = torch.tensor([[r or 0 for r in rows], list(ids), [r is not None for r in rows]])
+        if self.ids.device.type != "cpu":
+            given = given.pin_memory().to(self.ids.device, non_blocking=True)
+        return torch.where(given[2].bool(), self.ids[given[0]], given[1])
 
 
 def greedy_split(

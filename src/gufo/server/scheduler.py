@@ -34,14 +34,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
 
 from gufo.engine.constraint import BatchMasker, TokenConstraint
 from gufo.engine.engine import Engine
-from gufo.engine.sampling import Sampler, SamplingParams, greedy_split
+from gufo.engine.sampling import QueuedTokens, Sampler, SamplingParams, first_max_queued, greedy_split
 from gufo.engine.speculative import SpeculativeStats, Speculator, common_prefix
 from gufo.server.metrics import Metrics
 from gufo.server.settings import DEFAULT_PREFILL_CHUNK
@@ -122,6 +122,14 @@ class Outbox:
             loop.call_soon_threadsafe(_deliver, items)
 
 
+@dataclass
+class Queued:
+    """A decode step queued on the device whose greedy tokens the host has not read yet."""
+
+    jobs: list[Job]  # its rows
+    tokens: QueuedTokens
+
+
 def _deliver(items: list[tuple[asyncio.Queue, object]]) -> None:
     for queue, event in items:
         queue.put_nowait(event)
@@ -154,6 +162,7 @@ class Scheduler:
         self._aborting: FinishEvent | None = None  # set by `abort`: the event every job gets
         self._outbox = Outbox()  # the events of this step (worker thread only)
         self._masker: BatchMasker | None = None  # made at the first constrained decode step
+        self._queued: Queued | None = None  # the last decode step, while its tokens are on the device
         self.failure: str | None = None  # why the worker stopped, once it has
         self._thread = threading.Thread(target=self._run, name="gufo-scheduler", daemon=True)
 
@@ -354,30 +363,83 @@ class Scheduler:
                 self._for_one(job, self._speculate)
                 self._outbox.flush()  # nor a job's tokens for the next job's verification pass
         elif decoding:
-            try:
+            self._decode(decoding)
+
+    def _decode(self, decoding: list[Job]) -> None:
+        """One batched decode step of the `decoding` jobs. When every row is plainly greedy with no
+        logprobs (`_queueable`), its tokens stay on the device as the next step's inputs: the step is
+        queued first and the previous one's tokens (`_queued`) are read and posted while it runs, so the
+        host's work per step overlaps the device's. A job whose queued token ends it (end-of-generation
+        or a stop id) has then run one more row, on its own slot past its tokens, whose token is dropped;
+        one whose queued token is its last (max_tokens) runs none. Any other row needs its token on the
+        host before the next step: the previous step is read first, and this one's rows as before."""
+        previous, self._queued = self._queued, None
+        queueable = all(self._queueable(j) for j in decoding)
+        if previous is not None and not queueable:
+            self._post_queued(previous, ())
+            previous = None
+            decoding = [j for j in decoding if self.active.get(j.slot) is j]
+        pending = {} if previous is None else {id(j): i for i, j in enumerate(previous.jobs)}
+        rows = [j for j in decoding if not (id(j) in pending and len(j.generated) + 1 >= j.max_tokens)]
+        try:
+            if rows:
                 logits = self.engine.decode_batch(
-                    [j.generated[-1] for j in decoding],
-                    [len(j.prompt_ids) + len(j.generated) - 1 for j in decoding],
-                    [j.slot for j in decoding],
+                    self._inputs(rows, pending, previous),
+                    [len(j.prompt_ids) + len(j.generated) - (id(j) not in pending) for j in rows],
+                    [j.slot for j in rows],
                 )
-                masked = self._mask_rows(logits, decoding)
+            if rows and queueable:
+                self._queued = Queued(rows, QueuedTokens(first_max_queued(logits)))
+            elif rows:
+                masked = self._mask_rows(logits, rows)
                 plain = [  # a masked row wants no logprobs
-                    (m and j.sampler.first_max_of_masked)
-                    or (j.top_logprobs is None and j.sampler.plain_greedy)
-                    for j, m in zip(decoding, masked, strict=True)
+                    (m and j.sampler.first_max_of_masked) or self._queueable(j)
+                    for j, m in zip(rows, masked, strict=True)
                 ]
-                tokens, rows = greedy_split(logits, plain)
-            except Exception as err:  # nothing tells which row failed: the batch's jobs fail
-                log.exception("a batched decode step failed")
-                for job in decoding:
-                    self._fail_if_active(job, err)
-                return
-            for job, token, row in zip(decoding, tokens, rows, strict=True):
+                tokens, host_rows = greedy_split(logits, plain)
+        except Exception as err:  # nothing tells which row failed: the batch's jobs fail
+            log.exception("a batched decode step failed")
+            self._queued = None
+            for job in decoding:
+                self._fail_if_active(job, err)
+            return
+        for job in rows:
+            if id(job) not in pending:
                 self.slot_tokens[job.slot].append(job.generated[-1])
+        if previous is not None:
+            self._post_queued(previous, {id(j) for j in rows})
+        if rows and not queueable:
+            for job, token, row in zip(rows, tokens, host_rows, strict=True):
                 if token is None:
                     self._for_one(job, self._sample, row)
                 else:  # greedy: the Sampler would pick the same id; its grammar hears it
                     self._for_one(job, self._post_greedy, token)
+
+    @staticmethod
+    def _queueable(job: Job) -> bool:
+        """Whether a job's next token is its logits' first maximum with nothing read on the host."""
+        return job.top_logprobs is None and job.sampler.plain_greedy
+
+    @staticmethod
+    def _inputs(
+        rows: list[Job], pending: dict[int, int], previous: Queued | None
+    ) -> list[int] | torch.Tensor:
+        """The step's input ids: each job's last posted token, or its queued one from `previous`'s ids
+        on the device (then all of them are there, gathered without the host waiting)."""
+        posted = [j.generated[-1] for j in rows]
+        if previous is None or not any(id(j) in pending for j in rows):
+            return posted
+        return previous.tokens.mixed([pending.get(id(j)) for j in rows], posted)
+
+    def _post_queued(self, queued: Queued, fed: Collection[int]) -> None:
+        """Read a queued step's tokens and post them to the jobs still running; the jobs in `fed` (ids)
+        have had their token fed to a step since, whose KV now holds it."""
+        for job, token in zip(queued.jobs, queued.tokens.tolist(), strict=True):
+            if self.active.get(job.slot) is not job:
+                continue  # cancelled or failed since
+            if id(job) in fed:
+                self.slot_tokens[job.slot].append(token)
+            self._for_one(job, self._post_greedy, token)
 
     def _mask_rows(self, logits: torch.Tensor, decoding: list[Job]) -> list[bool]:
         """Mask in place, in one batch, the rows of the grammar-constrained jobs that want no logprobs

@@ -134,19 +134,27 @@ class GraphDecoder:
         self.graphs.clear()
 
     def decode(
-        self, tokens: Sequence[int], position: int, slot: int, checkpoints: Checkpoints | None = None
+        self,
+        tokens: Sequence[int] | torch.Tensor,
+        position: int,
+        slot: int,
+        checkpoints: Checkpoints | None = None,
     ) -> torch.Tensor:
         """Logits [T, vocab] (on the device) of consecutive `tokens` from `position`; writes their KV
         like eager steps. T is at most `max_tokens`. With recurrent state, `checkpoints` (at least T - 1
         buffers laid out as `RecurrentState.save`'s) receive the slot's state after each token but the
         last, in the same pass (`RecurrentState.keep_steps`): a graph writes into the buffers it was
-        captured with, so a slot's must stay the same tensors from call to call."""
+        captured with, so a slot's must stay the same tensors from call to call. One token may be an id
+        tensor on the device (`Engine.decode_batch`)."""
         n_tokens = len(tokens)
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"{n_tokens} tokens in one graph step (1 to {self.max_tokens})")
         # The warm-up of a capture runs a real step: set the inputs first so it writes the right KV.
         if n_tokens == 1:  # no host synchronisation: the values travel as kernel arguments
-            self.inputs[0, 0].fill_(tokens[0])
+            if isinstance(tokens, torch.Tensor):
+                self.inputs[0, :1].copy_(tokens)
+            else:
+                self.inputs[0, 0].fill_(tokens[0])
             self.inputs[1, 0].fill_(position)
         else:  # one copy (drafts are verified after the previous step's logits were read anyway)
             given = torch.tensor([list(tokens), list(range(position, position + n_tokens))])
@@ -167,20 +175,28 @@ class GraphDecoder:
             self.cache.recurrent.keep_steps(slot, None)
 
     def decode_rows(
-        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]
+        self, tokens: Sequence[int] | torch.Tensor, positions: Sequence[int], slots: Sequence[int]
     ) -> torch.Tensor:
         """Logits [B, vocab] (on the device) of one step of B sequences: token i at positions[i] of slot
         slots[i] (distinct slots), writing their KV like eager steps; B is at most `max_tokens`. Each row
         runs the kernels of its own one-token step, which give it its one-token numbers; the graph of
         the row count's bucket runs them (`rows.bucket`), its spare rows on the cache's scratch slot. A
-        row at position 0 starts its slot's recurrent state afresh (cleared here: the step continues each)."""
+        row at position 0 starts its slot's recurrent state afresh (cleared here: the step continues each).
+        `tokens` may be ids on the device. The inputs travel from pinned memory without waiting for
+        the device: a copy from pageable memory would first wait for every step queued before."""
         n_rows = len(tokens)
         size = rows.bucket(n_rows, self.max_tokens)
         if self.cache.recurrent is not None:
             for slot, position in zip(slots, positions, strict=True):
                 self.cache.recurrent.start(slot, position)
-        given = rows.padded(tokens, positions, slots, size, self.cache.scratch_slot)
-        self.inputs[:, :size].copy_(torch.tensor(given))
+        on_device = isinstance(tokens, torch.Tensor)
+        given = rows.padded(
+            [0] * n_rows if on_device else tokens, positions, slots, size, self.cache.scratch_slot
+        )
+        staged = torch.tensor(given)
+        self.inputs[:, :size].copy_(staged.pin_memory() if self.inputs.is_cuda else staged, non_blocking=True)
+        if on_device:
+            self.inputs[0, :n_rows].copy_(tokens)
         return self._run(ROWS, size)[:n_rows]
 
     def prepare_rows(self, n_rows: int) -> None:

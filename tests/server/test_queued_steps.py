@@ -1,0 +1,160 @@
+"""Decode steps queued before the previous step's tokens are read (`Scheduler._decode`): every request
+still gets the greedy chain of its own prompt, and a slot's cached tokens are always ones its cache
+holds, through end-of-generation mid-step, max_tokens, cancellation, prefix reuse and rows that need
+their logits on the host.
+
+The stand-in engine keeps each slot's cache as the token written at each position and gives logits
+that are a hash of the slot's tokens up to the one fed, so a token fed at a wrong position, a stale
+cache entry or a reused prefix the slot does not hold changes the output. The oracle is the same hash
+chained over the request's own prompt, in plain Python."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from types import SimpleNamespace
+
+import torch
+
+from gufo.engine.sampling import SamplingParams
+from gufo.server.metrics import Metrics
+from gufo.server.scheduler import FinishEvent, Job, Scheduler
+
+VOCAB, EOG = 40, 0
+
+
+def logits_after(history: list[int]) -> list[float]:
+    """Pseudo-random logits of the next token after `history`; end-of-generation wins after about one
+    history in nine."""
+    digest = hashlib.sha256(repr(history).encode()).digest()
+    values = [float(digest[i % len(digest)] ^ (i * 37 % 251)) for i in range(VOCAB)]
+    values[EOG] = 1000.0 if digest[0] % 9 == 0 else -1.0
+    return values
+
+
+def greedy_chain(prompt: list[int], max_tokens: int) -> list[int]:
+    history, out = list(prompt), []
+    while len(out) < max_tokens:
+        values = logits_after(history)
+        token = values.index(max(values))
+        out.append(token)
+        history.append(token)
+        if token == EOG:
+            break
+    return out
+
+
+class TokenCache:
+    """The Engine's side the scheduler uses, over a cache of tokens per slot."""
+
+    invariant_prefill = rewindable = True
+
+    def __init__(self, n_slots: int):
+        self.cache = SimpleNamespace(n_slots=n_slots)
+        self.tokenizer = SimpleNamespace(eog_ids=frozenset({EOG}))
+        self.slots: list[list[int]] = [[] for _ in range(n_slots)]
+
+    def _write(self, slot: int, start: int, tokens: list[int]) -> torch.Tensor:
+        held = self.slots[slot]
+        assert start <= len(held), f"slot {slot}: writing at {start} past its {len(held)} tokens"
+        self.slots[slot] = held[:start] + tokens
+        return torch.tensor(logits_after(self.slots[slot]))
+
+    def prefill(self, tokens, slot: int, start: int = 0) -> torch.Tensor:
+        return self._write(slot, start, list(tokens))
+
+    def decode_batch(self, tokens, positions, slots) -> torch.Tensor:
+        ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        assert len(set(slots)) == len(slots)
+        rows = [self._write(s, p, [t]) for t, p, s in zip(ids, positions, slots, strict=True)]
+        return torch.stack(rows)
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        assert length <= len(self.slots[source])
+        self.slots[target] = self.slots[source][:length]
+
+
+def run_jobs(engine: TokenCache, scheduler: Scheduler, waves: list[list[dict]]) -> list[tuple[Job, list]]:
+    """Submit each wave's jobs together and wait for all of them; a job with `cancel_after` is cancelled
+    once it has that many tokens. Returns each job with its token ids."""
+
+    async def run() -> list[tuple[Job, list]]:
+        loop = asyncio.get_running_loop()
+        done = []
+        for wave in waves:
+            jobs = [
+                (Job(w["prompt"], w["max_tokens"], w["params"], loop, **w.get("job", {})), w) for w in wave
+            ]
+            for job, _ in jobs:
+                scheduler.submit(job)
+            for job, spec in jobs:
+                tokens = []
+                while not isinstance(event := await job.events.get(), FinishEvent):
+                    tokens.append(event.token)
+                    if len(tokens) == spec.get("cancel_after"):
+                        scheduler.cancel(job)
+                done.append((job, tokens, spec))
+        return done
+
+    scheduler.start()
+    try:
+        return asyncio.run(run())
+    finally:
+        scheduler.stop()
+
+
+def check(engine: TokenCache, scheduler: Scheduler, done: list) -> None:
+    for job, tokens, spec in done:
+        expected = greedy_chain(job.prompt_ids, job.max_tokens)
+        if "cancel_after" in spec:  # tokens may have followed the cancel before the worker saw it
+            assert tokens == expected[: len(tokens)] and len(tokens) >= spec["cancel_after"]
+        else:
+            assert tokens == expected, f"prompt {job.prompt_ids}"
+    for slot, cached in enumerate(scheduler.slot_tokens):
+        assert engine.slots[slot][: len(cached)] == cached, f"slot {slot} claims tokens it does not hold"
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def prompts(count: int, shared: list[int]) -> list[list[int]]:
+    return [shared + [1 + (7 * i + j) % (VOCAB - 1) for j in range(3 + i % 4)] for i in range(count)]
+
+
+def test_queued_steps_give_each_request_its_own_greedy_chain():
+    """Waves of greedy requests over 4 slots (more requests than slots), sharing prefixes with earlier
+    waves: end-of-generation lands mid-step for some, max_tokens for others."""
+    engine = TokenCache(4)
+    scheduler = Scheduler(engine, Metrics(), max_pending=16, prefill_chunk=4)
+    shared = [5, 9, 11, 2, 7, 3]
+    waves = [
+        [{"prompt": p, "max_tokens": 3 + i % 9, "params": GREEDY} for i, p in enumerate(prompts(6, shared))],
+        [{"prompt": p, "max_tokens": 12, "params": GREEDY} for p in prompts(7, shared[:4])],
+        [{"prompt": p, "max_tokens": 1 + i, "params": GREEDY} for i, p in enumerate(prompts(5, []))],
+    ]
+    done = run_jobs(engine, scheduler, waves)
+    assert sum(t[-1:] == [EOG] for _, t, _ in done) >= 3  # the end-of-generation case really ran
+    assert sum(len(t) == j.max_tokens and EOG not in t for j, t, _ in done) >= 3
+    check(engine, scheduler, done)
+
+
+def test_rows_that_need_the_host_and_cancelled_ones_among_queued_rows():
+    """A logprobs row and a sampled row break the queue for the steps they are in; a cancelled job's
+    queued token is dropped and its slot keeps only what it holds."""
+    engine = TokenCache(4)
+    scheduler = Scheduler(engine, Metrics(), max_pending=16, prefill_chunk=4)
+    first, second = prompts(4, [3, 1, 4]), prompts(4, [3, 1, 4, 1])
+    waves = [
+        [
+            {"prompt": first[0], "max_tokens": 10, "params": GREEDY},
+            {"prompt": first[1], "max_tokens": 10, "params": GREEDY, "job": {"top_logprobs": 2}},
+            {"prompt": first[2], "max_tokens": 20, "params": GREEDY, "cancel_after": 3},
+            {"prompt": first[3], "max_tokens": 10, "params": SamplingParams(temperature=0.8, seed=3)},
+        ],
+        [{"prompt": p, "max_tokens": 9, "params": GREEDY} for p in second],
+    ]
+    done = run_jobs(engine, scheduler, waves)
+    sampled = [d for d in done if not d[0].params.greedy]
+    check(engine, scheduler, [d for d in done if d not in sampled])
+    for job, tokens, _ in sampled:  # not the greedy chain; still only tokens its slot was fed
+        assert 0 < len(tokens) <= job.max_tokens
