@@ -70,9 +70,9 @@ class ShardedEngine(Engine):
             "embeddings are not supported with --tensor-parallel (the ranks would not follow)"
         )
 
-    def decode_step(self, token: int, position: int, slot: int) -> torch.Tensor:
-        if self.mirror is not None:
-            self.mirror.decode(token, position, slot)
+    def decode_step(self, token: int | torch.Tensor, position: int, slot: int) -> torch.Tensor:
+        if self.mirror is not None:  # the other ranks hear the id itself (a queued one is read here)
+            self.mirror.decode(int(token), position, slot)
         return super().decode_step(token, position, slot)
 
     def snapshot(self, slot: int, length: int) -> CacheSnapshot:
