@@ -110,6 +110,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/server/test_prefix_sharing.py": ("unit",),
     "tests/server/test_scheduler_rows.py": ("unit",),
     "tests/server/test_queued_steps.py": ("unit",),
+    "tests/server/test_state_checkpoints.py": ("unit",),
     "tests/server/test_responses_events.py": ("unit",),
     "tests/synth/": ("golden",),
     "tests/tokenizer/": ("golden",),

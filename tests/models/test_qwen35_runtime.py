@@ -294,3 +294,33 @@ def test_cuda_batched_rows_equal_each_row_alone(model_path):
     for slot in prompts:
         states = zip(alone.cache.recurrent.save(slot), batched.cache.recurrent.save(slot), strict=True)
         assert all(torch.equal(a, b) for a, b in states), slot
+
+
+@pytest.mark.parametrize("chunk", [4, 5])
+def test_a_prompt_resumed_from_a_saved_state_gets_its_fresh_tokens(int8_model_path, chunk):
+    """The server's scheduler on the tiny Q8_0 qwen35 (CPU: prefill batch-invariant): prompts that resume
+    another's saved recurrent state (a shared prefix, a next turn) generate exactly the greedy tokens of
+    the same prompts run alone on a fresh engine, and reuse what the saved states hold."""
+    from gufo.server.metrics import Metrics
+    from gufo.server.scheduler import Scheduler
+    from tests.server.test_queued_steps import run_jobs
+
+    first = [7, 3, 9, 12, 5, 8, 2, 11, 4, 6, 10, 1, 13]
+    waves = [
+        [{"prompt": first, "max_tokens": 6, "params": GREEDY}],
+        [  # the next turn takes the first's slot and resumes at its end; the other copies a saved state
+            {"prompt": first + [9, 9, 2, 5], "max_tokens": 6, "params": GREEDY},
+            {"prompt": first[:9] + [14, 15, 3], "max_tokens": 6, "params": GREEDY},
+        ],
+    ]
+    engine = Engine(int8_model_path, RunOptions(threads=2), context=64, n_slots=2)
+    assert engine.invariant_prefill and not engine.rewindable
+    scheduler = Scheduler(engine, Metrics(), max_pending=4, prefill_chunk=chunk, state_checkpoints=3)
+    done = run_jobs(engine, scheduler, waves)
+    alone = Engine(int8_model_path, RunOptions(threads=2), context=64)
+    for job, tokens, _ in done:
+        want = alone.generate(job.prompt_ids, max_tokens=job.max_tokens, params=GREEDY).generated_ids
+        assert tokens == want[: len(tokens)] and len(tokens) == len(want), job.prompt_ids
+    # slot 0 keeps its earliest saved state (the first chunk's end) and its latest: the second prompt
+    # copies that first chunk, the next turn's own saves having replaced the others
+    assert [j.cached_tokens for j, _, _ in done] == [0, len(first), chunk]

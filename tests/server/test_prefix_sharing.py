@@ -25,29 +25,44 @@ PROMPTS = [SHARED + [100 * i + j for j in range(4)] for i in range(3)]  # 24 tok
 
 
 class Recorder(Logits):
-    """("prefill", slot, start, tokens), ("copy", source, target, length) and ("decode", rows)."""
+    """("prefill", slot, start, tokens), ("copy", source, target, length), ("save", slot, length) and
+    ("decode", rows). Without `rewindable` (recurrent state) a copy must come with the state the source
+    saved when it held exactly `length` tokens."""
 
     def __init__(self, n_slots: int, invariant_prefill: bool, rewindable: bool = True):
         super().__init__(n_slots)
         self.invariant_prefill, self.rewindable = invariant_prefill, rewindable
         self.calls: list[tuple] = []
+        self.held = [0] * n_slots  # prompt tokens each slot has run
 
     def prefill(self, tokens, slot: int, start: int = 0):
         self.calls.append(("prefill", slot, start, len(tokens)))
+        self.held[slot] = start + len(tokens)
         return super().prefill(tokens, slot, start)
 
-    def copy_prefix(self, source: int, target: int, length: int) -> None:
+    def copy_prefix(self, source: int, target: int, length: int, state=None) -> None:
+        assert state == (None if self.rewindable else ("state", source, length))
         self.calls.append(("copy", source, target, length))
+        self.held[target] = length
+
+    def save_state(self, slot: int, into=None) -> tuple:
+        assert not self.rewindable
+        self.calls.append(("save", slot, self.held[slot]))
+        return ("state", slot, self.held[slot])
 
     def decode_batch(self, tokens, positions, slots):
         self.calls.append(("decode", len(slots)))
         return super().decode_batch(tokens, positions, slots)
 
 
-def run(engine: Recorder, prompts: list[list[int]], cache_prompt: bool = True) -> tuple[list[Job], Metrics]:
+def run(
+    engine: Recorder, prompts: list[list[int]], cache_prompt: bool = True, state_checkpoints: int = 1
+) -> tuple[list[Job], Metrics]:
     """The prompts' greedy jobs of 2 tokens, all waiting before the worker's first step."""
     metrics = Metrics()
-    scheduler = Scheduler(engine, metrics, max_pending=len(prompts), prefill_chunk=CHUNK)
+    scheduler = Scheduler(
+        engine, metrics, len(prompts), prefill_chunk=CHUNK, state_checkpoints=state_checkpoints
+    )
     greedy = SamplingParams(temperature=0.0)
 
     async def go() -> list[Job]:
@@ -110,12 +125,44 @@ def test_the_last_prompt_token_is_always_evaluated():
 
 
 @pytest.mark.parametrize("invariant", [False, True])
-def test_a_model_with_recurrent_state_copies_nothing(invariant):
+def test_a_model_with_recurrent_state_and_no_saved_states_copies_nothing(invariant):
     engine = Recorder(3, invariant_prefill=invariant, rewindable=False)
-    jobs, metrics = run(engine, PROMPTS)
-    assert not [c for c in engine.calls if c[0] == "copy"]
+    jobs, metrics = run(engine, PROMPTS, state_checkpoints=0)
+    assert not [c for c in engine.calls if c[0] in ("copy", "save")]
     assert sum(c[3] for c in engine.calls if c[0] == "prefill") == 3 * 24
     assert [j.cached_tokens for j in jobs] == [0, 0, 0] and metrics.cached_tokens == 0
+
+
+def test_a_model_with_recurrent_state_copies_prefixes_where_a_slot_saved_its_state():
+    """Three saved states per slot, taken where a chunk ends at a multiple of 8: the copies of the
+    KV-only model's whole chunks, each from a state saved at that length (job 2 copies 16 from slot 0:
+    slot 1 saved only 24)."""
+    engine = Recorder(3, invariant_prefill=False, rewindable=False)
+    jobs, metrics = run(engine, PROMPTS, state_checkpoints=3)
+    assert engine.calls == [
+        ("prefill", 0, 0, 8), ("save", 0, 8), ("copy", 0, 1, 8),  # step 1
+        ("prefill", 0, 8, 8), ("save", 0, 16), ("copy", 0, 1, 16),  # step 2
+        ("prefill", 0, 16, 8), ("save", 0, 24),  # step 3
+        ("prefill", 1, 16, 8), ("save", 1, 24), ("copy", 0, 2, 16), ("decode", 1),  # step 4
+        ("prefill", 2, 16, 8), ("save", 2, 24), ("decode", 1),  # step 5
+        ("decode", 1),
+    ]  # fmt: skip
+    assert [j.cached_tokens for j in jobs] == [0, 16, 16] and metrics.cached_tokens == 32
+
+
+def test_with_batch_invariant_prefill_a_recurrent_state_is_also_saved_at_the_prompts_end():
+    """One saved state per slot, the latest: at a multiple of 8, or at the end of job 0's 20-token prompt,
+    so job 1 (the same 20 tokens, then 4 of its own) copies 8 and 16 as slot 0 saves them, then all 20."""
+    engine = Recorder(3, invariant_prefill=True, rewindable=False)
+    jobs, _ = run(engine, [SHARED, PROMPTS[1]], state_checkpoints=1)
+    assert engine.calls[:7] == [
+        ("prefill", 0, 0, 8), ("save", 0, 8), ("copy", 0, 1, 8),
+        ("prefill", 0, 8, 8), ("save", 0, 16), ("copy", 0, 1, 16),
+        ("prefill", 0, 16, 4),  # the prompt's end, 20: saved (batch-invariant prefill)
+    ]  # fmt: skip
+    assert engine.calls[7] == ("save", 0, 20)
+    assert ("copy", 0, 1, 20) in engine.calls  # job 1 shares all 20 and resumes after them
+    assert [j.cached_tokens for j in jobs] == [0, 20]
 
 
 def test_a_request_that_asks_for_no_cache_copies_nothing():

@@ -42,7 +42,7 @@ class Logits:
     def decode_batch(self, tokens, positions, slots) -> torch.Tensor:
         return torch.stack([row_for(s, p) for p, s in zip(positions, slots, strict=True)])
 
-    def copy_prefix(self, source: int, target: int, length: int) -> None:
+    def copy_prefix(self, source: int, target: int, length: int, state=None) -> None:
         pass  # the logits depend on slot and position alone
 
 

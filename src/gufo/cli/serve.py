@@ -43,7 +43,8 @@ stop_token_ids, cache_prompt=false (no prefix reuse), chat_template_kwargs (vari
 template, e.g. enable_thinking); max_completion_tokens is max_tokens' newer name in chat completions.
 Greedy output (and seeded sampled output) does not depend on prefix reuse, streaming or concurrency;
 where prefill is not batch-invariant (not the CPU's fused layer), only whole --prefill-chunk chunks of
-prompt tokens are reused for that.
+prompt tokens are reused for that. A model with recurrent state reuses a prefix where a session saved
+its state (--state-checkpoints), or the whole sequence a session holds.
 Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms; with
 speculation also draft_n and draft_n_accepted).
 With --speculative each request drafts and verifies in its own slot (a draft model gets as many slots
@@ -145,6 +146,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"of it (default {DEFAULT_PREFILL_CHUNK}; also -b's default)",
     )
     parser.add_argument(
+        "--state-checkpoints",
+        type=non_negative_int,
+        default=DEFAULTS.state_checkpoints,
+        metavar="N",
+        help="models with recurrent state (qwen35, qwen35moe, qwen3next): saved states each session keeps "
+        "(its earliest and its latest), taken where a prefill chunk ends at a multiple of --prefill-chunk "
+        "(and at a prompt's end where prefill is batch-invariant), so that a prompt sharing those tokens "
+        "resumes there instead of prefilling from its start; each costs one session's recurrent state in "
+        f"memory (0: off; default {DEFAULTS.state_checkpoints})",
+    )
+    parser.add_argument(
         "--pooling",
         choices=POOLINGS,
         default=DEFAULTS.pooling,
@@ -226,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         api_key=args.api_key,
         prefill_chunk=args.prefill_chunk,
+        state_checkpoints=args.state_checkpoints,
         speculative=speculative,
         draft_model=args.draft_model,
         pooling=args.pooling,

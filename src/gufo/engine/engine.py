@@ -327,12 +327,24 @@ class Engine:
         self.cache.restore(state)
 
     @torch.inference_mode()
-    def copy_prefix(self, source: int, target: int, length: int) -> None:
+    def copy_prefix(
+        self, source: int, target: int, length: int, state: list[torch.Tensor] | None = None
+    ) -> None:
         """`KVCache.copy_prefix`: slot `target` then holds the KV of slot `source`'s first `length`
-        positions, on the engine's device. Only where slots are `rewindable` (KV only)."""
-        if not self.rewindable:
-            raise BadInputError("a model with recurrent state cannot copy a prefix between slots")
-        self.cache.copy_prefix(source, target, length)
+        positions, on the engine's device. A model with recurrent state (not `rewindable`) needs
+        `state`, the source's `save_state` taken when it held exactly those tokens (`source` may be
+        `target`: the slot goes back to that point)."""
+        if not self.rewindable and state is None:
+            raise BadInputError("a model with recurrent state copies a prefix only with its saved state")
+        self.cache.copy_prefix(source, target, length, state)
+
+    @torch.inference_mode()
+    def save_state(self, slot: int, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Copies of the slot's recurrent state, the state after the tokens it has run (into `into`, an
+        earlier result, when given): for `copy_prefix`. Only with recurrent state."""
+        if self.cache.recurrent is None:
+            raise BadInputError("a model without recurrent state has no state to save")
+        return self.cache.recurrent.save(slot, into)
 
     def set_threads(self, count: int) -> None:
         torch.set_num_threads(count)

@@ -119,15 +119,22 @@ class KVCache:
             None if self.recurrent is None else self.recurrent.save(slot),
         )
 
-    def copy_prefix(self, source: int, target: int, length: int) -> None:
+    def copy_prefix(
+        self, source: int, target: int, length: int, recurrent: Sequence[torch.Tensor] | None = None
+    ) -> None:
         """Copy positions 0..length of every attention layer from slot `source` to slot `target` (one
-        device copy per layer's keys and values), so `target` continues a prefix `source` computed.
-        KV only: a recurrent state holds a whole sequence and cannot be cut at `length`."""
-        if self.recurrent is not None:
-            raise ValueError("a cache with recurrent state cannot copy a prefix between slots")
-        for keys, values in zip(self.keys, self.values, strict=True):
-            keys[target, :, :length] = keys[source, :, :length]
-            values[target, :, :length] = values[source, :, :length]
+        device copy per layer's keys and values; none when they are the same slot), so `target`
+        continues a prefix `source` computed. A recurrent state holds a whole sequence and cannot be cut
+        at `length`: a cache with one takes `recurrent`, the source's state saved (`RecurrentState.save`)
+        when it held exactly those `length` tokens, and loads it into `target`."""
+        if (self.recurrent is None) != (recurrent is None):
+            raise ValueError("a prefix of a cache with recurrent state is copied with its saved state, only")
+        if source != target:
+            for keys, values in zip(self.keys, self.values, strict=True):
+                keys[target, :, :length] = keys[source, :, :length]
+                values[target, :, :length] = values[source, :, :length]
+        if recurrent is not None:
+            self.recurrent.load(target, recurrent)
 
     def restore(self, state: CacheSnapshot) -> None:
         """Put a snapshot back; positions past its length are stale and get overwritten before any read."""

@@ -85,10 +85,12 @@ class ShardedEngine(Engine):
             self.mirror.restore(state)
         super().restore(state)
 
-    def copy_prefix(self, source: int, target: int, length: int) -> None:
-        if self.mirror is not None:
+    def copy_prefix(
+        self, source: int, target: int, length: int, state: list[torch.Tensor] | None = None
+    ) -> None:
+        if self.mirror is not None:  # KV only: tensor parallelism splits no model with recurrent state
             self.mirror.copy_prefix(source, target, length)
-        super().copy_prefix(source, target, length)
+        super().copy_prefix(source, target, length, state)
 
     def set_threads(self, count: int) -> None:
         if self.mirror is not None:

@@ -21,9 +21,16 @@ the request alone").
 
 A request reuses such a prefix from any slot, free or running, not only the one it is admitted into:
 before each of its prefill chunks it copies the KV of the longest one another slot
-holds (`Engine.copy_prefix`; not with recurrent state, which only continues a whole sequence). Jobs take
-their chunks in admission order, so among prompts that share a prefix the first computes each chunk of
-it and the others copy that chunk at their turn in the same step.
+holds (`Engine.copy_prefix`). Jobs take their chunks in admission order, so among prompts that share a
+prefix the first computes each chunk of it and the others copy that chunk at their turn in the same step.
+
+A recurrent state (the hybrid models' linear-attention layers) holds a whole sequence and cannot be cut
+at a prefix. A slot continues the whole sequence it holds; beyond that, after each prefill chunk that
+ends at a multiple of `prefill_chunk` (and, where prefill is batch-invariant, at the end of the prompt)
+the slot's state is saved (`Engine.save_state`), up to `state_checkpoints` per slot (its earliest and
+its latest), and a prompt that shares a saved point's tokens resumes there, in its own slot or another,
+with that state and the KV before it: the same numbers as its own fresh prefill, which runs the same
+chunks.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from gufo.engine.engine import Engine
 from gufo.engine.sampling import QueuedTokens, Sampler, SamplingParams, first_max_queued, greedy_split
 from gufo.engine.speculative import SpeculativeStats, Speculator, common_prefix
 from gufo.server.metrics import Metrics
-from gufo.server.settings import DEFAULT_PREFILL_CHUNK
+from gufo.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_STATE_CHECKPOINTS
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +150,10 @@ class Scheduler:
         max_pending: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         speculators: list[Speculator] | None = None,
+        state_checkpoints: int = DEFAULT_STATE_CHECKPOINTS,
     ):
-        """`speculators`: one per KV slot (its proposer state belongs to that slot), or None."""
+        """`speculators`: one per KV slot (its proposer state belongs to that slot), or None.
+        `state_checkpoints`: with recurrent state, how many saved states each slot keeps (0: none)."""
         self.engine = engine
         self.speculators = speculators
         self.metrics = metrics
@@ -154,6 +163,9 @@ class Scheduler:
         self.eog_ids = engine.tokenizer.eog_ids
         self.slot_tokens: list[list[int]] = [[] for _ in range(self.n_slots)]  # ids whose KV is valid
         self.slot_prefilled = [0] * self.n_slots  # how many of those came from prefill passes
+        # recurrent state only: per slot, its state saved after its first L tokens, by L (see module doc)
+        self.state_checkpoints = 0 if engine.rewindable else state_checkpoints
+        self.checkpoints: list[dict[int, list[torch.Tensor]]] = [{} for _ in range(self.n_slots)]
         self.active: dict[int, Job] = {}  # slot -> job, in admission order
         self.waiting: deque[Job] = deque()
         self._calls: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()  # see `call`
@@ -269,12 +281,12 @@ class Scheduler:
             self.metrics.finish(event.reason)
         self.waiting.clear()
         for job in list(self.active.values()):
-            self.slot_tokens[job.slot] = []
+            self._truncate(job.slot, 0)
             self._finish(job, event)
 
     def _fail(self, job: Job, err: Exception) -> None:
         """End one job with a 500; its slot's KV state is unknown now, so its cached prefix goes."""
-        self.slot_tokens[job.slot] = []
+        self._truncate(job.slot, 0)
         self._finish(job, FinishEvent("error", f"generation failed: {err}"))
 
     def _drop_cancelled(self) -> None:
@@ -290,22 +302,27 @@ class Scheduler:
         while free and self.waiting:
             job = self.waiting.popleft()
             prompt = job.prompt_ids
-            if job.cache_prompt:
+            resumed = False  # whether the slot goes back to one of its saved states
+            if job.cache_prompt and self.engine.rewindable:
                 slot = max(free, key=lambda s: common_prefix(self.slot_tokens[s], prompt))
                 reused = self._reusable(slot, prompt)
-                if reused < len(self.slot_tokens[slot]) and not self.engine.rewindable:
-                    reused = 0  # a recurrent state only continues the whole sequence it holds
+            elif job.cache_prompt:  # the whole sequence a slot holds, else its longest saved state within
+                slot = max(free, key=lambda s: (self._resumable(s, prompt), -len(self.slot_tokens[s])))
+                reused = self._resumable(slot, prompt)
+                resumed = 0 < reused < len(self.slot_tokens[slot])
             else:  # leave the most valuable cached prefixes to other requests
                 slot = min(free, key=lambda s: len(self.slot_tokens[s]))
                 reused = 0
             free.remove(slot)
-            del self.slot_tokens[slot][reused:]
+            self._truncate(slot, reused)
             self.slot_prefilled[slot] = min(self.slot_prefilled[slot], reused)
             job.slot, job.prefilled, job.cached_tokens = slot, reused, reused
             job.admitted_at = time.perf_counter()
             self.active[slot] = job
             self.metrics.admitted(len(prompt), reused)
             try:
+                if resumed:
+                    self.engine.copy_prefix(slot, slot, reused, self.checkpoints[slot][reused])
                 job.sampler = Sampler(job.params, prompt_length=len(prompt), constraint=job.constraint)
             except Exception as err:  # e.g. a seed torch refuses: this request fails, not the worker
                 log.exception("admitting a request failed")
@@ -321,18 +338,53 @@ class Scheduler:
             reused = min(reused, self.slot_prefilled[slot]) // chunk * chunk
         return reused
 
+    def _resumable(self, slot: int, prompt: list[int]) -> int:
+        """With recurrent state: how many of `prompt`'s first tokens `slot` can resume after, the whole
+        sequence it holds or its longest saved state within the reusable prefix (0: none)."""
+        reused = self._reusable(slot, prompt)
+        if reused == len(self.slot_tokens[slot]):
+            return reused
+        return max((length for length in self.checkpoints[slot] if length <= reused), default=0)
+
+    def _truncate(self, slot: int, length: int) -> None:
+        """Keep the slot's first `length` cached tokens, and its states saved within them."""
+        del self.slot_tokens[slot][length:]
+        saved = self.checkpoints[slot]
+        for past in [at for at in saved if at > length]:
+            del saved[past]
+
+    def _save_state(self, slot: int, length: int) -> None:
+        """Keep the slot's state after its first `length` tokens. A slot keeps its earliest saved state
+        (a prefix its prompts share with others', such as a system prompt) and its latest ones (where
+        its conversation's next turn resumes): when it already keeps `state_checkpoints` of them, the
+        next is saved into the buffers of the earliest of the others (the only one's, if one is kept)."""
+        saved = self.checkpoints[slot]
+        if length in saved:
+            return
+        into = None
+        if len(saved) >= self.state_checkpoints:
+            into = saved.pop(sorted(saved)[min(1, len(saved) - 1)])
+        saved[length] = self.engine.save_state(slot, into)
+
     def _copy_prefix(self, job: Job) -> None:
         """Copy into the job's slot the longest reusable prefix of its prompt that another slot holds,
         free or active, when that is more than the job has prefilled; the copied tokens count as cached
-        and cost no prefill. KV only: a recurrent state cannot be cut at a prefix (`rewindable`)."""
-        if not job.cache_prompt or not self.engine.rewindable:
+        and cost no prefill. With recurrent state only prefixes another slot saved its state after."""
+        if not job.cache_prompt:
             return
         prompt = job.prompt_ids
         others = [s for s in range(self.n_slots) if s != job.slot]
-        length, source = max(((self._reusable(s, prompt), s) for s in others), default=(0, None))
+        state = None
+        if self.engine.rewindable:
+            length, source = max(((self._reusable(s, prompt), s) for s in others), default=(0, None))
+        else:
+            reusable = [(self._reusable(s, prompt), s) for s in others]
+            saved = [(at, s) for reused, s in reusable for at in self.checkpoints[s] if at <= reused]
+            length, source = max(saved, default=(0, None))
+            state = self.checkpoints[source][length] if source is not None else None
         if length <= job.prefilled:
             return
-        self.engine.copy_prefix(source, job.slot, length)
+        self.engine.copy_prefix(source, job.slot, length, state)
         copied = length - job.prefilled
         self.slot_tokens[job.slot] = prompt[:length]
         self.slot_prefilled[job.slot] = min(length, self.slot_prefilled[source])
@@ -486,6 +538,9 @@ class Scheduler:
         job.prefilled += len(chunk)
         self.slot_tokens[job.slot].extend(chunk)
         self.slot_prefilled[job.slot] = job.prefilled
+        at_end = job.prefilled == len(job.prompt_ids) and self.engine.invariant_prefill
+        if self.state_checkpoints and (job.prefilled % self.prefill_chunk == 0 or at_end):
+            self._save_state(job.slot, job.prefilled)
         if job.prefilled == len(job.prompt_ids):
             self._sample(job, logits)
 

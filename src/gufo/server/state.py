@@ -87,7 +87,12 @@ class ServerState:
                 engine.prepare_rows(engine.cache.n_slots)
             engine.prepare_prefill(settings.prefill_chunk)  # and the prefill chunks' (GPUs)
             scheduler = Scheduler(
-                engine, self.metrics, settings.max_pending, settings.prefill_chunk, speculators
+                engine,
+                self.metrics,
+                settings.max_pending,
+                settings.prefill_chunk,
+                speculators,
+                settings.state_checkpoints,
             )
             scheduler.start()
             self.runtime = Runtime(engine, scheduler)
