@@ -324,3 +324,38 @@ def test_a_prompt_resumed_from_a_saved_state_gets_its_fresh_tokens(int8_model_pa
     # slot 0 keeps its earliest saved state (the first chunk's end) and its latest: the second prompt
     # copies that first chunk, the next turn's own saves having replaced the others
     assert [j.cached_tokens for j, _, _ in done] == [0, len(first), chunk]
+
+
+def test_a_served_next_turn_resumes_its_saved_state_with_the_same_text(int8_model_path):
+    """The real server and the official client on the tiny Q8_0 qwen35: a conversation's next turn sent
+    alone without prefix reuse, then after its first turn (whose saved states it resumes), gets the
+    same greedy text, streamed too; usage counts the resumed tokens as cached."""
+    from gufo.server.settings import ServerSettings
+    from tests.server.conftest import live_server
+
+    def load() -> Engine:
+        return Engine(int8_model_path, RunOptions(threads=1), context=128, n_slots=2)
+
+    turn = [7, 3, 9, 12, 5, 8, 2, 11, 4, 6, 10, 1, 13, 2, 2, 9]
+    settings = ServerSettings("tiny", max_tokens=12, max_pending=2, prefill_chunk=8)
+    with live_server(settings, load) as live:
+        client = live.client()
+
+        def ask(prompt: list[int], cache: bool = True, stream: bool = False) -> tuple[str, int]:
+            args = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
+            extra = {"extra_body": {"cache_prompt": cache}}
+            if not stream:
+                reply = client.completions.create(**args, **extra)
+                return reply.choices[0].text, reply.usage.prompt_tokens_details.cached_tokens
+            usage = {"stream_options": {"include_usage": True}}
+            chunks = list(client.completions.create(**args, **extra, stream=True, **usage))
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            return text, chunks[-1].usage.prompt_tokens_details.cached_tokens
+
+        next_turn = turn + [5, 5, 3, 8, 1]
+        alone, cached = ask(next_turn, cache=False)
+        assert cached == 0
+        ask(turn)  # saves its state at 8 and 16 (its end: the CPU's prefill is batch-invariant)
+        assert ask(next_turn) == (alone, len(turn))
+        ask(turn)
+        assert ask(next_turn, stream=True) == (alone, len(turn))
