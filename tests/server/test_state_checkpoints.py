@@ -48,11 +48,12 @@ class RecurrentCache(TokenCache):
 
 
 @pytest.mark.parametrize("invariant", [False, True])
-@pytest.mark.parametrize("saved", [1, 2])
+@pytest.mark.parametrize("saved", [1, 3, None])
 def test_prompts_resume_saved_states_and_still_get_their_own_greedy_chains(invariant, saved):
-    """Waves over 3 slots (more requests than slots): prompts sharing a 9-token prefix, then prompts that
-    extend earlier ones (a conversation's next turn), then ones sharing only 5 tokens, then their next
-    turns; some requests stop at end-of-generation, one asks for logprobs, one is cancelled."""
+    """Room for 1, 3 and (None) as many saved states as slots, in all; waves over 3 slots (more requests
+    than slots): prompts sharing a 9-token prefix, then prompts that extend earlier ones (a
+    conversation's next turn), then ones sharing only 5 tokens, then their next turns; some requests
+    stop at end-of-generation, one asks for logprobs, one is cancelled."""
     engine = RecurrentCache(3, invariant)
     scheduler = Scheduler(engine, Metrics(), max_pending=16, prefill_chunk=4, state_checkpoints=saved)
     shared = [5, 9, 11, 2, 7, 3, 8, 1, 6]
@@ -93,11 +94,11 @@ def test_without_saved_states_a_recurrent_slot_only_continues_its_whole_sequence
 
 
 def test_a_slot_drops_the_states_saved_after_tokens_it_no_longer_holds():
-    """One slot, two saved states: A (16 tokens) leaves states at 4 and 16; B shares none of A's tokens,
-    so the slot starts again and saves its own (at 4 again among them); C shares B's first 5 tokens and
-    resumes at 4 with B's state, not A's."""
+    """One slot, room for 8 saved states: A (16 tokens) leaves states at 4, 8, 12 and 16; B shares none of
+    A's tokens, so the slot starts again and saves its own (at 4 again among them); C shares B's first 5
+    tokens and resumes at 4 with B's state, not A's."""
     engine = RecurrentCache(1, invariant_prefill=False)
-    scheduler = Scheduler(engine, Metrics(), max_pending=4, prefill_chunk=4, state_checkpoints=2)
+    scheduler = Scheduler(engine, Metrics(), max_pending=4, prefill_chunk=4, state_checkpoints=8)
     a = list(range(1, 17))
     b = list(range(20, 38))
     waves = [[{"prompt": p, "max_tokens": 2, "params": GREEDY}] for p in (a, b, b[:5] + [7, 7, 7])]

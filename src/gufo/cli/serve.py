@@ -150,11 +150,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=non_negative_int,
         default=DEFAULTS.state_checkpoints,
         metavar="N",
-        help="models with recurrent state (qwen35, qwen35moe, qwen3next): saved states each session keeps "
-        "(its earliest and its latest), taken where a prefill chunk ends at a multiple of --prefill-chunk "
-        "(and at a prompt's end where prefill is batch-invariant), so that a prompt sharing those tokens "
-        "resumes there instead of prefilling from its start; each costs one session's recurrent state in "
-        f"memory (0: off; default {DEFAULTS.state_checkpoints})",
+        help="models with recurrent state (qwen35, qwen35moe, qwen3next): saved states the sessions keep "
+        "in all, taken where a prefill chunk ends at a multiple of --prefill-chunk (and at a prompt's end "
+        "where prefill is batch-invariant), so that a prompt sharing those tokens resumes there instead of "
+        "prefilling from its start; the least recently saved or resumed goes first; each costs one "
+        "session's recurrent state in memory (0: off; default: as many as --sessions)",
     )
     parser.add_argument(
         "--pooling",

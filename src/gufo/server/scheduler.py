@@ -27,10 +27,10 @@ prefix the first computes each chunk of it and the others copy that chunk at the
 A recurrent state (the hybrid models' linear-attention layers) holds a whole sequence and cannot be cut
 at a prefix. A slot continues the whole sequence it holds; beyond that, after each prefill chunk that
 ends at a multiple of `prefill_chunk` (and, where prefill is batch-invariant, at the end of the prompt)
-the slot's state is saved (`Engine.save_state`), up to `state_checkpoints` per slot (its earliest and
-its latest), and a prompt that shares a saved point's tokens resumes there, in its own slot or another,
-with that state and the KV before it: the same numbers as its own fresh prefill, which runs the same
-chunks.
+the slot's state is saved (`Engine.save_state`), up to `state_checkpoints` in all (the least recently
+saved or resumed one goes first), and a prompt that shares a saved point's tokens resumes there, in its
+own slot or another, with that state and the KV before it: the same numbers as its own fresh prefill,
+which runs the same chunks.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
@@ -51,7 +51,7 @@ from gufo.engine.engine import Engine
 from gufo.engine.sampling import QueuedTokens, Sampler, SamplingParams, first_max_queued, greedy_split
 from gufo.engine.speculative import SpeculativeStats, Speculator, common_prefix
 from gufo.server.metrics import Metrics
-from gufo.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_STATE_CHECKPOINTS
+from gufo.server.settings import DEFAULT_PREFILL_CHUNK
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +150,11 @@ class Scheduler:
         max_pending: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         speculators: list[Speculator] | None = None,
-        state_checkpoints: int = DEFAULT_STATE_CHECKPOINTS,
+        state_checkpoints: int | None = None,
     ):
         """`speculators`: one per KV slot (its proposer state belongs to that slot), or None.
-        `state_checkpoints`: with recurrent state, how many saved states each slot keeps (0: none)."""
+        `state_checkpoints`: with recurrent state, how many saved states the slots keep in all (0: none;
+        None: as many as there are slots)."""
         self.engine = engine
         self.speculators = speculators
         self.metrics = metrics
@@ -165,7 +166,10 @@ class Scheduler:
         self.slot_prefilled = [0] * self.n_slots  # how many of those came from prefill passes
         # recurrent state only: per slot, its state saved after its first L tokens, by L (see module doc)
         self.state_checkpoints = 0 if engine.rewindable else state_checkpoints
-        self.checkpoints: list[dict[int, list[torch.Tensor]]] = [{} for _ in range(self.n_slots)]
+        if self.state_checkpoints is None:
+            self.state_checkpoints = self.n_slots
+        # (slot, L) -> the slot's state after its first L tokens, least recently saved or resumed first
+        self.saved_states: OrderedDict[tuple[int, int], list[torch.Tensor]] = OrderedDict()
         self.active: dict[int, Job] = {}  # slot -> job, in admission order
         self.waiting: deque[Job] = deque()
         self._calls: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()  # see `call`
@@ -322,7 +326,7 @@ class Scheduler:
             self.metrics.admitted(len(prompt), reused)
             try:
                 if resumed:
-                    self.engine.copy_prefix(slot, slot, reused, self.checkpoints[slot][reused])
+                    self.engine.copy_prefix(slot, slot, reused, self._resumed(slot, reused))
                 job.sampler = Sampler(job.params, prompt_length=len(prompt), constraint=job.constraint)
             except Exception as err:  # e.g. a seed torch refuses: this request fails, not the worker
                 log.exception("admitting a request failed")
@@ -344,27 +348,29 @@ class Scheduler:
         reused = self._reusable(slot, prompt)
         if reused == len(self.slot_tokens[slot]):
             return reused
-        return max((length for length in self.checkpoints[slot] if length <= reused), default=0)
+        return max((at for s, at in self.saved_states if s == slot and at <= reused), default=0)
+
+    def _resumed(self, slot: int, length: int) -> list[torch.Tensor]:
+        """The state `slot` saved after its first `length` tokens, now the most recently used."""
+        self.saved_states.move_to_end((slot, length))
+        return self.saved_states[slot, length]
 
     def _truncate(self, slot: int, length: int) -> None:
         """Keep the slot's first `length` cached tokens, and its states saved within them."""
         del self.slot_tokens[slot][length:]
-        saved = self.checkpoints[slot]
-        for past in [at for at in saved if at > length]:
-            del saved[past]
+        for key in [(s, at) for s, at in self.saved_states if s == slot and at > length]:
+            del self.saved_states[key]
 
     def _save_state(self, slot: int, length: int) -> None:
-        """Keep the slot's state after its first `length` tokens. A slot keeps its earliest saved state
-        (a prefix its prompts share with others', such as a system prompt) and its latest ones (where
-        its conversation's next turn resumes): when it already keeps `state_checkpoints` of them, the
-        next is saved into the buffers of the earliest of the others (the only one's, if one is kept)."""
-        saved = self.checkpoints[slot]
-        if length in saved:
+        """Keep the slot's state after its first `length` tokens, in the buffers of the least recently
+        used saved state when `state_checkpoints` are kept already."""
+        if (slot, length) in self.saved_states:
+            self.saved_states.move_to_end((slot, length))
             return
         into = None
-        if len(saved) >= self.state_checkpoints:
-            into = saved.pop(sorted(saved)[min(1, len(saved) - 1)])
-        saved[length] = self.engine.save_state(slot, into)
+        if len(self.saved_states) >= self.state_checkpoints:
+            into = self.saved_states.popitem(last=False)[1]
+        self.saved_states[slot, length] = self.engine.save_state(slot, into)
 
     def _copy_prefix(self, job: Job) -> None:
         """Copy into the job's slot the longest reusable prefix of its prompt that another slot holds,
@@ -374,16 +380,15 @@ class Scheduler:
             return
         prompt = job.prompt_ids
         others = [s for s in range(self.n_slots) if s != job.slot]
-        state = None
         if self.engine.rewindable:
             length, source = max(((self._reusable(s, prompt), s) for s in others), default=(0, None))
         else:
-            reusable = [(self._reusable(s, prompt), s) for s in others]
-            saved = [(at, s) for reused, s in reusable for at in self.checkpoints[s] if at <= reused]
+            reusable = {s: self._reusable(s, prompt) for s in others}
+            saved = [(at, s) for s, at in self.saved_states if s != job.slot and at <= reusable[s]]
             length, source = max(saved, default=(0, None))
-            state = self.checkpoints[source][length] if source is not None else None
         if length <= job.prefilled:
             return
+        state = None if self.engine.rewindable else self._resumed(source, length)
         self.engine.copy_prefix(source, job.slot, length, state)
         copied = length - job.prefilled
         self.slot_tokens[job.slot] = prompt[:length]

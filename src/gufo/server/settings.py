@@ -8,7 +8,6 @@ from gufo.engine.params import SpeculativeParams
 from gufo.options import POOLINGS
 
 DEFAULT_PREFILL_CHUNK = 512  # prompt tokens prefilled per scheduler step, between decode steps
-DEFAULT_STATE_CHECKPOINTS = 1  # recurrent models: saved states per session (see gufo.server.scheduler)
 
 
 @dataclass
@@ -23,7 +22,7 @@ class ServerSettings:
     body_timeout: float = 30.0  # seconds a request has to send its body
     api_key: str | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
-    state_checkpoints: int = DEFAULT_STATE_CHECKPOINTS
+    state_checkpoints: int | None = None  # recurrent models' saved states in all; None: one per session
     speculative: SpeculativeParams | None = None  # None: plain decoding
     draft_model: str | None = None  # with speculative mode "draft"
     pooling: str = POOLINGS[0]  # how /v1/embeddings pools the tokens' hidden states
