@@ -10,6 +10,8 @@ assertion; the oracle is the hash chained over the request's own prompt (test_qu
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -105,3 +107,36 @@ def test_a_slot_drops_the_states_saved_after_tokens_it_no_longer_holds():
     done = run_jobs(engine, scheduler, waves)
     check(engine, scheduler, done)
     assert [job.cached_tokens for job, _, _ in done] == [0, 0, 4]
+
+
+def test_saved_states_stop_growing_where_memory_runs_out():
+    """A device with room for two saved states (those alive, not yet dropped): the budget becomes the
+    two that fit, every request still gets its greedy chain, and later states reuse those buffers."""
+
+    class Held:  # a saved state that can be counted while alive
+        def __init__(self, tokens: tuple[int, ...]):
+            self.tokens = tokens
+
+    class Scarce(RecurrentCache):
+        alive: weakref.WeakSet = weakref.WeakSet()
+
+        def save_state(self, slot: int, into=None) -> Held:
+            if into is None and len(self.alive) >= 2:
+                raise torch.OutOfMemoryError("no room")
+            self.saves += 1
+            held = into or Held(())
+            held.tokens = self.state[slot]
+            self.alive.add(held)
+            return held
+
+        def copy_prefix(self, source: int, target: int, length: int, state=None) -> None:
+            super().copy_prefix(source, target, length, state.tokens)
+
+    engine = Scarce(2, invariant_prefill=False)
+    scheduler = Scheduler(engine, Metrics(), max_pending=8, prefill_chunk=4, state_checkpoints=8)
+    shared = [5, 9, 11, 2, 7, 3, 8, 1, 6]
+    waves = [[{"prompt": p, "max_tokens": 5, "params": GREEDY} for p in prompts(4, shared)] for _ in range(2)]
+    done = run_jobs(engine, scheduler, waves)
+    check(engine, scheduler, done)
+    assert scheduler.state_checkpoints == 2 and len(scheduler.saved_states) == 2
+    assert engine.saves > 2 and all(j.cached_tokens > 0 for j, _, _ in done[4:])

@@ -370,7 +370,11 @@ class Scheduler:
         into = None
         if len(self.saved_states) >= self.state_checkpoints:
             into = self.saved_states.popitem(last=False)[1]
-        self.saved_states[slot, length] = self.engine.save_state(slot, into)
+        try:
+            self.saved_states[slot, length] = self.engine.save_state(slot, into)
+        except torch.OutOfMemoryError:  # a saved state is an optimisation: keep those that fit
+            self.state_checkpoints = len(self.saved_states)
+            log.warning("out of memory for saved states: keeping %d", self.state_checkpoints)
 
     def _copy_prefix(self, job: Job) -> None:
         """Copy into the job's slot the longest reusable prefix of its prompt that another slot holds,
