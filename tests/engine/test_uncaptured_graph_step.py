@@ -24,7 +24,8 @@ def test_uncaptured_step_matches_the_eager_step(tmp_path, arch):
     steps = GraphDecoder(model, step_cache, torch.device("cpu"), capture=False)
     for position, token in enumerate([4, 8, 6], start=len(prompt)):
         eager = model.forward(torch.tensor([token]), eager_cache, 0, position)[-1]
-        torch.testing.assert_close(steps.decode([token], position, 0)[-1], eager, rtol=1e-5, atol=1e-5)
+        fed = torch.tensor([token]) if position % 2 else [token]  # an id on the device, or the host's
+        torch.testing.assert_close(steps.decode(fed, position, 0)[-1], eager, rtol=1e-5, atol=1e-5)
     assert steps.graphs == {} and steps.capture_seconds == 0.0  # nothing was captured
     end = len(prompt) + 3
     for eager_keys, step_keys in zip(eager_cache.keys, step_cache.keys, strict=True):
@@ -36,7 +37,8 @@ def test_uncaptured_step_matches_the_eager_step(tmp_path, arch):
 def test_a_step_of_several_sequences_matches_each_alone(tmp_path, arch):
     """A step of three sequences in one pass (each row's slot and position on the device, as a server's
     batched graph replay takes them) gives each row its own eager step's logits and writes each slot's KV
-    entries only; the rows name their slots out of order."""
+    entries only; the rows name their slots out of order, and the second step's ids are a tensor on the
+    device (a server's queued step)."""
     model = build_model(open_model_file(write_tiny_model(tmp_path / "tiny.gguf", arch)), "torch")
     eager_cache, rows_cache = model.new_cache(3, 32), model.new_cache(3, 32)
     prompts = {0: [1, 5, 9, 2, 7, 3, 11], 1: [4, 4], 2: [8, 1, 6, 2, 9]}
@@ -46,11 +48,11 @@ def test_a_step_of_several_sequences_matches_each_alone(tmp_path, arch):
     steps = GraphDecoder(model, rows_cache, torch.device("cpu"), max_tokens=3, capture=False)
     order = [2, 0, 1]
     lengths = {slot: len(prompt) for slot, prompt in prompts.items()}
-    for tokens in ([3, 10, 7], [12, 2, 5]):
+    for tokens in ([3, 10, 7], torch.tensor([12, 2, 5])):
         positions = [lengths[slot] for slot in order]
         got = steps.decode_rows(tokens, positions, order)
         for row, (token, position, slot) in enumerate(zip(tokens, positions, order, strict=True)):
-            eager = model.forward(torch.tensor([token]), eager_cache, slot, position)[-1]
+            eager = model.forward(torch.tensor([int(token)]), eager_cache, slot, position)[-1]
             torch.testing.assert_close(got[row], eager, rtol=1e-5, atol=1e-5)
             lengths[slot] += 1
     for eager_keys, rows_keys in zip(eager_cache.keys, rows_cache.keys, strict=True):
