@@ -164,7 +164,7 @@ class Scheduler:
         self.eog_ids = engine.tokenizer.eog_ids
         self.slot_tokens: list[list[int]] = [[] for _ in range(self.n_slots)]  # ids whose KV is valid
         self.slot_prefilled = [0] * self.n_slots  # how many of those came from prefill passes
-        # recurrent state only: per slot, its state saved after its first L tokens, by L (see module doc)
+        # recurrent state only: how many saved states the slots may keep (see the module docstring)
         self.state_checkpoints = 0 if engine.rewindable else state_checkpoints
         if self.state_checkpoints is None:
             self.state_checkpoints = self.n_slots
