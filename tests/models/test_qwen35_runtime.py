@@ -331,6 +331,7 @@ def test_a_served_next_turn_resumes_its_saved_state_with_the_same_text(int8_mode
     same greedy text, streamed too; usage counts the resumed tokens as cached."""
     from gufo.server.settings import ServerSettings
     from tests.server.conftest import live_server
+    from tests.server.test_determinism import completion
 
     def load() -> Engine:
         return Engine(int8_model_path, RunOptions(threads=1), context=128, n_slots=2)
@@ -338,18 +339,9 @@ def test_a_served_next_turn_resumes_its_saved_state_with_the_same_text(int8_mode
     turn = [7, 3, 9, 12, 5, 8, 2, 11, 4, 6, 10, 1, 13, 2, 2, 9]
     settings = ServerSettings("tiny", max_tokens=12, max_pending=2, prefill_chunk=8)
     with live_server(settings, load) as live:
-        client = live.client()
 
         def ask(prompt: list[int], cache: bool = True, stream: bool = False) -> tuple[str, int]:
-            args = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
-            extra = {"extra_body": {"cache_prompt": cache}}
-            if not stream:
-                reply = client.completions.create(**args, **extra)
-                return reply.choices[0].text, reply.usage.prompt_tokens_details.cached_tokens
-            usage = {"stream_options": {"include_usage": True}}
-            chunks = list(client.completions.create(**args, **extra, stream=True, **usage))
-            text = "".join(c.choices[0].text for c in chunks if c.choices)
-            return text, chunks[-1].usage.prompt_tokens_details.cached_tokens
+            return completion(live, "tiny", prompt, cache, stream, tokens=12)
 
         next_turn = turn + [5, 5, 3, 8, 1]
         alone, cached = ask(next_turn, cache=False)
