@@ -23,6 +23,7 @@ import torch
 
 from gufo.engine.constraint import TokenConstraint
 from gufo.engine.params import SamplingParams
+from gufo.engine.staging import staged
 
 
 class Sampler:
@@ -193,9 +194,8 @@ class QueuedTokens:
     def mixed(self, rows: Sequence[int | None], ids: Sequence[int]) -> torch.Tensor:
         """Ids on the device, one per entry: row `rows[i]` of these ids, or `ids[i]` where that is None;
         the given values travel from pinned memory, so the host waits for nothing."""
-        given = torch.tensor([[r or 0 for r in rows], list(ids), [r is not None for r in rows]])
-        if self.ids.device.type != "cpu":
-            given = given.pin_memory().to(self.ids.device, non_blocking=True)
+        values = [[r or 0 for r in rows], list(ids), [int(r is not None) for r in rows]]
+        given = staged(values, self.ids.device).to(self.ids.device, non_blocking=True)
         return torch.where(given[2].bool(), self.ids[given[0]], given[1])
 
 

@@ -129,17 +129,17 @@ class Outbox:
             loop.call_soon_threadsafe(_deliver, items)
 
 
+def _deliver(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
 @dataclass
 class Queued:
     """A decode step queued on the device whose greedy tokens the host has not read yet."""
 
     jobs: list[Job]  # its rows
     tokens: QueuedTokens
-
-
-def _deliver(items: list[tuple[asyncio.Queue, object]]) -> None:
-    for queue, event in items:
-        queue.put_nowait(event)
 
 
 class Scheduler:
@@ -311,8 +311,9 @@ class Scheduler:
                 slot = max(free, key=lambda s: common_prefix(self.slot_tokens[s], prompt))
                 reused = self._reusable(slot, prompt)
             elif job.cache_prompt:  # the whole sequence a slot holds, else its longest saved state within
-                slot = max(free, key=lambda s: (self._resumable(s, prompt), -len(self.slot_tokens[s])))
-                reused = self._resumable(slot, prompt)
+                resumable = {s: self._resumable(s, prompt) for s in free}
+                slot = max(free, key=lambda s: (resumable[s], -len(self.slot_tokens[s])))
+                reused = resumable[slot]
                 resumed = 0 < reused < len(self.slot_tokens[slot])
             else:  # leave the most valuable cached prefixes to other requests
                 slot = min(free, key=lambda s: len(self.slot_tokens[s]))
@@ -460,7 +461,6 @@ class Scheduler:
                 tokens, host_rows = greedy_split(logits, plain)
         except Exception as err:  # nothing tells which row failed: the batch's jobs fail
             log.exception("a batched decode step failed")
-            self._queued = None
             for job in decoding:
                 self._fail_if_active(job, err)
             return

@@ -23,6 +23,7 @@ from typing import TypeVar
 import torch
 
 from gufo.engine.graphs import rows
+from gufo.engine.staging import staged
 from gufo.models.base import DecoderModel
 from gufo.models.kv_cache import KVCache
 from gufo.models.layers import DevicePosition
@@ -193,8 +194,7 @@ class GraphDecoder:
         given = rows.padded(
             [0] * n_rows if on_device else tokens, positions, slots, size, self.cache.scratch_slot
         )
-        staged = torch.tensor(given)
-        self.inputs[:, :size].copy_(staged.pin_memory() if self.inputs.is_cuda else staged, non_blocking=True)
+        self.inputs[:, :size].copy_(staged(given, self.inputs.device), non_blocking=True)
         if on_device:
             self.inputs[0, :n_rows].copy_(tokens)
         return self._run(ROWS, size)[:n_rows]
