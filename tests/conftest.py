@@ -73,6 +73,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/engine/test_json_object.py": ("unit",),
     "tests/engine/test_json_closing.py": ("unit",),
     "tests/engine/test_sampling.py": ("unit",),
+    "tests/engine/test_prompt_cache.py": ("unit",),
     "tests/formats/test_quant_blocks.py": ("unit",),
     "tests/formats/test_quant_models.py": ("unit",),
     "tests/formats/test_quant_real_files.py": ("golden",),

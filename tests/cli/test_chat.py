@@ -42,9 +42,12 @@ def test_an_unknown_template_is_one_line(capsys, tmp_path):
     assert "not a built-in template (chatml, gemma, llama3) nor a readable file" in err
 
 
-def test_turns_history_and_clear_with_a_template_file(capsys, monkeypatch, tmp_path):
+@pytest.mark.parametrize("cache", [True, False], ids=["cache-prompt", "no-cache-prompt"])
+def test_turns_history_and_clear_with_a_template_file(capsys, monkeypatch, tmp_path, cache):
     """Each turn renders the whole conversation (with a template of the contents one after the other:
-    the prompt is a golden prompt as it stands), the reply is llama.cpp's greedy one, and /clear forgets."""
+    the prompt is a golden prompt as it stands), the reply is llama.cpp's greedy one, and /clear forgets.
+    By default the second turn prefills only past the first turn and the reply's fed token, which the
+    slot kept; with --no-cache-prompt it prefills everything, and the replies are the same."""
     template = tmp_path / "contents.jinja"
     template.write_text(CONTENTS_TEMPLATE)
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{paris()}\nHello\n/clear\n\nBye\n/exit\nnever read\n"))
@@ -58,6 +61,7 @@ def test_turns_history_and_clear_with_a_template_file(capsys, monkeypatch, tmp_p
         "--temp",
         "0",
         "--verbose-prompt",
+        *(() if cache else ("--no-cache-prompt",)),
     )
     code, out, err = gufo(capsys, "chat", *args)
     assert code == 0
@@ -70,6 +74,14 @@ def test_turns_history_and_clear_with_a_template_file(capsys, monkeypatch, tmp_p
         timings[0].startswith(f"[ Prompt: {n_prompt} tokens, ") and "| Generation: 2 tokens, " in timings[0]
     )
     assert len(timings) == 3  # three replies: the empty line is skipped, nothing read after /exit
+    # the second turn's tokens start with the first turn's and " Paris" (the reply's last token, ".", was
+    # never fed); the third follows /clear and shares nothing
+    cached = [re.search(r"tokens \((\d+) cached\)", line) for line in timings]
+    if cache:
+        assert cached[0] is None and cached[2] is None
+        assert cached[1] is not None and int(cached[1].group(1)) == n_prompt + 1
+    else:
+        assert cached == [None, None, None]
 
 
 def test_run_cnv_takes_the_system_prompt_then_p_as_the_first_turn(capsys, monkeypatch, tmp_path):

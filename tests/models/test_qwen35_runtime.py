@@ -350,3 +350,26 @@ def test_a_served_next_turn_resumes_its_saved_state_with_the_same_text(int8_mode
         assert ask(next_turn) == (alone, len(turn))
         ask(turn)
         assert ask(next_turn, stream=True) == (alone, len(turn))
+
+
+@pytest.mark.parametrize("chunk", [4, 64])
+def test_a_conversation_through_a_prompt_cache_gets_each_turns_fresh_tokens(int8_model_path, chunk):
+    """`gufo chat`'s reuse on the tiny Q8_0 qwen35 (CPU: prefill batch-invariant): each turn generated
+    after the prefix the slot kept (the turn before and its reply, or a saved state where the turn
+    differs inside the reply) gives exactly the greedy tokens of the turn alone on a fresh engine."""
+    from gufo.engine.prompt_cache import PromptCache
+
+    engine = Engine(int8_model_path, RunOptions(threads=2), context=96)
+    alone = Engine(int8_model_path, RunOptions(threads=2), context=96)
+    cache = PromptCache(engine, chunk, state_checkpoints=4)
+    first = [7, 3, 9, 12, 5, 8, 2, 11, 4, 6]
+    one = engine.generate(first, 6, GREEDY, stop_at_eog=False, prompt_cache=cache)
+    second = first + one.generated_ids + [9, 9, 2]  # the whole reply, as a template renders it back
+    two = engine.generate(second, 6, GREEDY, stop_at_eog=False, prompt_cache=cache)
+    third = second[:12] + [14, 15, 3]  # differs inside the first reply: back to a saved state
+    three = engine.generate(third, 6, GREEDY, stop_at_eog=False, prompt_cache=cache)
+    for prompt, result in zip((first, second, third), (one, two, three), strict=True):
+        assert result.generated_ids == alone.generate(prompt, 6, GREEDY, stop_at_eog=False).generated_ids
+    # the first turn and its reply but the last token (never fed); then the first turn's end, where a
+    # state was saved (at 4 and 8 too with chunks of 4: the latest within the 12 shared tokens is 10)
+    assert [one.cached_tokens, two.cached_tokens, three.cached_tokens] == [0, len(first) + 5, len(first)]

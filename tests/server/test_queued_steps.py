@@ -113,7 +113,7 @@ def check(engine: TokenCache, scheduler: Scheduler, done: list) -> None:
             assert tokens == expected[: spec["cancel_after"]]
         else:
             assert tokens == expected, f"prompt {job.prompt_ids}"
-    for slot, cached in enumerate(scheduler.slot_tokens):
+    for slot, cached in enumerate(scheduler.prompt_cache.tokens):
         assert engine.slots[slot][: len(cached)] == cached, f"slot {slot} claims tokens it does not hold"
 
 

@@ -138,5 +138,5 @@ def test_saved_states_stop_growing_where_memory_runs_out():
     waves = [[{"prompt": p, "max_tokens": 5, "params": GREEDY} for p in prompts(4, shared)] for _ in range(2)]
     done = run_jobs(engine, scheduler, waves)
     check(engine, scheduler, done)
-    assert scheduler.state_checkpoints == 2 and len(scheduler.saved_states) == 2
+    assert scheduler.prompt_cache.state_checkpoints == 2 and len(scheduler.prompt_cache.saved) == 2
     assert engine.saves > 2 and all(j.cached_tokens > 0 for j, _, _ in done[4:])

@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,9 +27,7 @@ from gufo.gguf.aliases import CHAT_MODEL
 from gufo.tokenizer.chat import BUILTIN_TEMPLATES
 
 if TYPE_CHECKING:  # the engine (torch) is imported when a conversation starts, not for --help
-    from gufo.engine.engine import Engine, GenerationResult
-    from gufo.engine.sampling import SamplingParams
-    from gufo.engine.speculative import Speculator
+    from gufo.engine.engine import GenerationResult
     from gufo.tokenizer import Tokenizer
 
 TEMPLATE_KEY = "tokenizer.chat_template"
@@ -85,6 +84,14 @@ def add_conversation_flags(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="after each reply (and `gufo run`'s text), its prompt and generation tokens and tokens per "
         "second on stderr, as llama-cli prints them (default: on)",
+    )
+    group.add_argument(
+        "--no-cache-prompt",
+        action="store_true",
+        help="prefill each turn's whole conversation again. By default the KV the last turn left is kept, "
+        "and a turn prefills only what follows the prefix it shares with it (llama-cli keeps its context "
+        "too); a reply is the same either way, where prefill is chunked the reused prefix stops at whole "
+        "-b chunks of prefilled tokens. With --speculative every turn is prefilled whole",
     )
     group.add_argument(
         "--verbose-prompt",
@@ -145,10 +152,10 @@ def sigint_stops_reply() -> Iterator[Callable[[], bool]]:
 
 
 def stream_reply(
-    generator: Engine | Speculator, tokenizer: Tokenizer, ids: list[int], budget: int, params: SamplingParams
+    generate: Callable[..., GenerationResult], tokenizer: Tokenizer
 ) -> tuple[str, GenerationResult]:
-    """Generate a reply to the rendered conversation `ids` and print it as it comes: its text (what was
-    printed until Ctrl-C, if that stopped it) and the generation's result."""
+    """Run `generate(on_token=...)` (a reply's generation, told each token) and print the reply as it
+    comes: its text (what was printed until Ctrl-C, if that stopped it) and the generation's result."""
     stream = tokenizer.stream_decoder(skip_special=True)  # control tokens print as nothing, as in llama-cli
     pieces: list[str] = []
 
@@ -163,7 +170,7 @@ def stream_reply(
                     sys.stdout.flush()
                 return stop_requested()
 
-            result = generator.generate(ids, budget, params, on_token=emit)
+            result = generate(on_token=emit)
     except KeyboardInterrupt:
         sys.stdout.write("\n")  # the interruption's message on a line of its own
         raise
@@ -194,8 +201,9 @@ def read_turns(terminal: bool, first: str | None = None) -> Iterator[str]:
 
 
 def timings_line(result: GenerationResult) -> str:
+    cached = f" ({result.cached_tokens} cached)" if result.cached_tokens else ""
     return (
-        f"[ Prompt: {len(result.prompt_ids)} tokens, {result.prompt_tps:.1f} t/s | "
+        f"[ Prompt: {len(result.prompt_ids)} tokens{cached}, {result.prompt_tps:.1f} t/s | "
         f"Generation: {len(result.generated_ids)} tokens, {result.generation_tps:.1f} t/s ]"
     )
 
@@ -206,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
 
 def converse(args: argparse.Namespace, first_turn: str | None = None) -> int:
     """The conversation loop of `gufo chat` and `gufo run -cnv`; `first_turn` is the first user turn."""
+    from gufo.engine.prompt_cache import PromptCache
     from gufo.engine.speculative import make_speculator
     from gufo.parallel.engine import follows
     from gufo.parallel.mirror import follow
@@ -217,6 +226,8 @@ def converse(args: argparse.Namespace, first_turn: str | None = None) -> int:
     if follows(engine):  # tensor-parallel rank > 0 (`gufo run -cnv -tp N`): run rank 0's steps
         return follow(engine)
     generator = make_speculator(engine, speculative, args.draft_model) if speculative else engine
+    # a Speculator's verification passes keep their own account of the slot
+    prompt_cache = None if speculative or args.no_cache_prompt else PromptCache(engine, engine.batch_size)
     tok = engine.tokenizer
     system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     messages = list(system)
@@ -249,7 +260,11 @@ def converse(args: argparse.Namespace, first_turn: str | None = None) -> int:
             continue
         # a reply stopped by Ctrl-C stays in the conversation as far as it went (llama-cli keeps it too)
         budget = room if args.n_predict < 0 else min(args.n_predict, room)  # `run -cnv -n -1`: all of it
-        reply, result = stream_reply(generator, tok, ids, budget, params)
+        if prompt_cache is None:
+            generate = partial(generator.generate, ids, budget, params)
+        else:
+            generate = partial(engine.generate, ids, budget, params, prompt_cache=prompt_cache)
+        reply, result = stream_reply(generate, tok)
         messages.append({"role": "assistant", "content": reply})
         if args.show_timings:
             print(timings_line(result), file=sys.stderr)

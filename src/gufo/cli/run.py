@@ -98,6 +98,7 @@ CONVERSATION_ONLY = {
     "system_prompt": "-sys",
     "chat_template": "--chat-template",
     "verbose_prompt": "--verbose-prompt",
+    "no_cache_prompt": "--no-cache-prompt",
 }
 COMPLETION_ONLY = {
     "ignore_eos": "--ignore-eos",

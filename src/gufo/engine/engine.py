@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -35,6 +35,23 @@ log = logging.getLogger(__name__)
 OnToken = Callable[[int], bool | None]
 
 
+class PromptReuse(Protocol):
+    """What a slot holds across generations, so a prompt is prefilled only past the prefix it can reuse
+    (gufo.engine.prompt_cache.PromptCache)."""
+
+    def prefill(self, slot: int, prompt: Sequence[int]) -> tuple[torch.Tensor, int]:
+        """Prefill `prompt` on `slot` after the prefix it reuses: the last logits, the tokens reused."""
+        ...
+
+    def fed(self, slot: int, tokens: Sequence[int]) -> None:
+        """Decode steps ran `tokens` on the slot."""
+        ...
+
+    def truncate(self, slot: int, length: int) -> None:
+        """The slot holds only its first `length` tokens (0: its state is unknown)."""
+        ...
+
+
 @dataclass
 class GenerationResult:
     prompt_ids: list[int]
@@ -42,10 +59,13 @@ class GenerationResult:
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
     stopped_by: str = "length"  # "eog", "stop" (on_token asked) or "length"
+    cached_tokens: int = 0  # prompt tokens the slot held already (`PromptReuse`), not prefilled again
 
     @property
     def prompt_tps(self) -> float:
-        return len(self.prompt_ids) / self.prompt_seconds if self.prompt_seconds else 0.0
+        """Prompt tokens prefilled per second (cached ones cost nothing and are not counted)."""
+        evaluated = len(self.prompt_ids) - self.cached_tokens
+        return evaluated / self.prompt_seconds if self.prompt_seconds else 0.0
 
     @property
     def generation_tps(self) -> float:
@@ -500,14 +520,19 @@ class Engine:
         params: SamplingParams,
         slot: int,
         constraint: TokenConstraint | None = None,
+        prompt_cache: PromptReuse | None = None,
     ) -> tuple[GenerationResult, Sampler, torch.Tensor]:
-        """Check the room, prefill the prompt (timed): the result to fill, its sampler (masked by
-        `constraint`, a grammar, when given), the logits."""
+        """Check the room, prefill the prompt (timed; after the prefix `prompt_cache` holds of it, when
+        given): the result to fill, its sampler (masked by `constraint`, a grammar, when given), the
+        logits."""
         result = GenerationResult(list(prompt_ids))
         self.check_fits(len(prompt_ids) + max(max_tokens - 1, 0))
         sampler = Sampler(params, constraint=constraint)
         started = time.perf_counter()
-        logits = self.prefill(prompt_ids, slot)
+        if prompt_cache is None:
+            logits = self.prefill(prompt_ids, slot)
+        else:
+            logits, result.cached_tokens = prompt_cache.prefill(slot, prompt_ids)
         result.prompt_seconds = time.perf_counter() - started
         return result, sampler, logits
 
@@ -520,28 +545,39 @@ class Engine:
         on_token: OnToken | None = None,
         slot: int = 0,
         constraint: TokenConstraint | None = None,
+        prompt_cache: PromptReuse | None = None,
     ) -> GenerationResult:
         """Sample up to `max_tokens` after the prompt, each passed to `on_token` as it comes; its true
         answer ends generation after that token (a reverse prompt, a user's Ctrl-C): the slot then holds
         the prompt and the tokens before the last, as after any other ending. `constraint`: a grammar
-        the tokens keep to."""
-        result, sampler, logits = self.start_generation(prompt_ids, max_tokens, params, slot, constraint)
+        the tokens keep to. `prompt_cache`: what the slot holds, kept up to date, so the prompt is
+        prefilled only past the prefix it can reuse (`PromptReuse.prefill`)."""
+        result, sampler, logits = self.start_generation(
+            prompt_ids, max_tokens, params, slot, constraint, prompt_cache
+        )
         history = list(prompt_ids)
         started = time.perf_counter()
         position = len(prompt_ids)
-        for step in range(max_tokens):
-            token = sampler(logits, history)
-            result.generated_ids.append(token)
-            history.append(token)
-            if on_token is not None and on_token(token):
-                result.stopped_by = "stop"
-                break
-            if stop_at_eog and token in self.tokenizer.eog_ids:
-                result.stopped_by = "eog"
-                break
-            if step + 1 == max_tokens:
-                break
-            logits = self.decode(token, position, slot)
-            position += 1
+        try:
+            for step in range(max_tokens):
+                token = sampler(logits, history)
+                result.generated_ids.append(token)
+                history.append(token)
+                if on_token is not None and on_token(token):
+                    result.stopped_by = "stop"
+                    break
+                if stop_at_eog and token in self.tokenizer.eog_ids:
+                    result.stopped_by = "eog"
+                    break
+                if step + 1 == max_tokens:
+                    break
+                logits = self.decode(token, position, slot)
+                position += 1
+                if prompt_cache is not None:
+                    prompt_cache.fed(slot, [token])
+        except BaseException:  # a step cut short leaves the slot's state unknown
+            if prompt_cache is not None:
+                prompt_cache.truncate(slot, 0)
+            raise
         result.generation_seconds = time.perf_counter() - started
         return result

@@ -11,26 +11,15 @@ With speculation each decoding job instead runs its slot's Speculator: a draft a
 one verification pass of the pending token and the draft, whose tokens are posted one by one until
 the job ends (end-of-generation, a stop id or max_tokens), so nothing past its end is ever posted.
 
-A request's output depends on the request alone, never on what else runs or was cached. Where the
-engine's prefill is batch-invariant (`Engine.invariant_prefill`: the CPU's fused layer, or the hybrid's
-token-by-token layers) any cached prefix gives the numbers a fresh prefill would. Elsewhere a token's
-numbers depend on the prefill chunk it was in, so chunks start at multiples of `prefill_chunk` (absolute
-positions) and a request reuses only KV that its own fresh prefill would compute in the same chunks:
-whole chunks of prefilled tokens, never decoded ones (docs/decisions.md, "Greedy output is a function of
-the request alone").
+A request's output depends on the request alone, never on what else runs or was cached: which prefix
+of a prompt a slot can reuse, and which recurrent states are saved for that, is the engine's
+`PromptCache` rule (gufo.engine.prompt_cache), chunks of `prefill_chunk` at absolute positions.
 
 A request reuses such a prefix from any slot, free or running, not only the one it is admitted into:
-before each of its prefill chunks it copies the KV of the longest one another slot
-holds (`Engine.copy_prefix`). Jobs take their chunks in admission order, so among prompts that share a
-prefix the first computes each chunk of it and the others copy that chunk at their turn in the same step.
-
-A recurrent state (the hybrid models' linear-attention layers) holds a whole sequence and cannot be cut
-at a prefix. A slot continues the whole sequence it holds; beyond that, after each prefill chunk that
-ends at a multiple of `prefill_chunk` (and, where prefill is batch-invariant, at the end of the prompt)
-the slot's state is saved (`Engine.save_state`), up to `state_checkpoints` in all (the least recently
-saved or resumed one goes first), and a prompt that shares a saved point's tokens resumes there, in its
-own slot or another, with that state and the KV before it: the same numbers as its own fresh prefill,
-which runs the same chunks.
+before each of its prefill chunks it copies the KV of the longest one another slot holds
+(`Engine.copy_prefix`; with recurrent state, one another slot saved its state after). Jobs take their
+chunks in admission order, so among prompts that share a prefix the first computes each chunk of it and
+the others copy that chunk at their turn in the same step.
 """
 
 from __future__ import annotations
@@ -40,7 +29,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
@@ -48,6 +37,7 @@ import torch
 
 from gufo.engine.constraint import BatchMasker, TokenConstraint
 from gufo.engine.engine import Engine
+from gufo.engine.prompt_cache import PromptCache
 from gufo.engine.sampling import QueuedTokens, Sampler, SamplingParams, first_max_queued, greedy_split
 from gufo.engine.speculative import SpeculativeStats, Speculator, common_prefix
 from gufo.server.metrics import Metrics
@@ -162,14 +152,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.n_slots = engine.cache.n_slots
         self.eog_ids = engine.tokenizer.eog_ids
-        self.slot_tokens: list[list[int]] = [[] for _ in range(self.n_slots)]  # ids whose KV is valid
-        self.slot_prefilled = [0] * self.n_slots  # how many of those came from prefill passes
-        # recurrent state only: how many saved states the slots may keep (see the module docstring)
-        self.state_checkpoints = 0 if engine.rewindable else state_checkpoints
-        if self.state_checkpoints is None:
-            self.state_checkpoints = self.n_slots
-        # (slot, L) -> the slot's state after its first L tokens, least recently saved or resumed first
-        self.saved_states: OrderedDict[tuple[int, int], list[torch.Tensor]] = OrderedDict()
+        self.prompt_cache = PromptCache(engine, prefill_chunk, state_checkpoints)  # what each slot holds
         self.active: dict[int, Job] = {}  # slot -> job, in admission order
         self.waiting: deque[Job] = deque()
         self._calls: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()  # see `call`
@@ -285,12 +268,12 @@ class Scheduler:
             self.metrics.finish(event.reason)
         self.waiting.clear()
         for job in list(self.active.values()):
-            self._truncate(job.slot, 0)
+            self.prompt_cache.truncate(job.slot, 0)
             self._finish(job, event)
 
     def _fail(self, job: Job, err: Exception) -> None:
         """End one job with a 500; its slot's KV state is unknown now, so its cached prefix goes."""
-        self._truncate(job.slot, 0)
+        self.prompt_cache.truncate(job.slot, 0)
         self._finish(job, FinishEvent("error", f"generation failed: {err}"))
 
     def _drop_cancelled(self) -> None:
@@ -303,79 +286,31 @@ class Scheduler:
 
     def _admit(self) -> None:
         free = [s for s in range(self.n_slots) if s not in self.active]
+        cache = self.prompt_cache
         while free and self.waiting:
             job = self.waiting.popleft()
             prompt = job.prompt_ids
-            resumed = False  # whether the slot goes back to one of its saved states
             if job.cache_prompt and self.engine.rewindable:
-                slot = max(free, key=lambda s: common_prefix(self.slot_tokens[s], prompt))
-                reused = self._reusable(slot, prompt)
+                slot = max(free, key=lambda s: common_prefix(cache.tokens[s], prompt))
+                reused = cache.reusable(slot, prompt)
             elif job.cache_prompt:  # the whole sequence a slot holds, else its longest saved state within
-                resumable = {s: self._resumable(s, prompt) for s in free}
-                slot = max(free, key=lambda s: (resumable[s], -len(self.slot_tokens[s])))
+                resumable = {s: cache.resumable(s, prompt) for s in free}
+                slot = max(free, key=lambda s: (resumable[s], -len(cache.tokens[s])))
                 reused = resumable[slot]
-                resumed = 0 < reused < len(self.slot_tokens[slot])
             else:  # leave the most valuable cached prefixes to other requests
-                slot = min(free, key=lambda s: len(self.slot_tokens[s]))
+                slot = min(free, key=lambda s: len(cache.tokens[s]))
                 reused = 0
             free.remove(slot)
-            self._truncate(slot, reused)
-            self.slot_prefilled[slot] = min(self.slot_prefilled[slot], reused)
             job.slot, job.prefilled, job.cached_tokens = slot, reused, reused
             job.admitted_at = time.perf_counter()
             self.active[slot] = job
             self.metrics.admitted(len(prompt), reused)
             try:
-                if resumed:
-                    self.engine.copy_prefix(slot, slot, reused, self._resumed(slot, reused))
+                cache.take(slot, reused)
                 job.sampler = Sampler(job.params, prompt_length=len(prompt), constraint=job.constraint)
             except Exception as err:  # e.g. a seed torch refuses: this request fails, not the worker
                 log.exception("admitting a request failed")
                 self._fail(job, err)
-
-    def _reusable(self, slot: int, prompt: list[int]) -> int:
-        """How many of `prompt`'s first tokens the KV of `slot` holds as the prompt's own fresh prefill
-        would compute them (the module docstring): any cached prefix where prefill is batch-invariant,
-        else whole chunks of prefilled tokens only; never the last token, whose logits give the first."""
-        reused = min(common_prefix(self.slot_tokens[slot], prompt), len(prompt) - 1)
-        if not self.engine.invariant_prefill:
-            chunk = self.prefill_chunk
-            reused = min(reused, self.slot_prefilled[slot]) // chunk * chunk
-        return reused
-
-    def _resumable(self, slot: int, prompt: list[int]) -> int:
-        """With recurrent state: how many of `prompt`'s first tokens `slot` can resume after, the whole
-        sequence it holds or its longest saved state within the reusable prefix (0: none)."""
-        reused = self._reusable(slot, prompt)
-        if reused == len(self.slot_tokens[slot]):
-            return reused
-        return max((at for s, at in self.saved_states if s == slot and at <= reused), default=0)
-
-    def _resumed(self, slot: int, length: int) -> list[torch.Tensor]:
-        """The state `slot` saved after its first `length` tokens, now the most recently used."""
-        self.saved_states.move_to_end((slot, length))
-        return self.saved_states[slot, length]
-
-    def _truncate(self, slot: int, length: int) -> None:
-        """Keep the slot's first `length` cached tokens, and its states saved within them."""
-        del self.slot_tokens[slot][length:]
-        for key in [(s, at) for s, at in self.saved_states if s == slot and at > length]:
-            del self.saved_states[key]
-
-    def _save_state(self, slot: int, length: int) -> None:
-        """Keep the slot's state after its first `length` tokens, in the buffers of the least recently
-        used saved state when `state_checkpoints` are kept already."""
-        if (slot, length) in self.saved_states:
-            self.saved_states.move_to_end((slot, length))
-            return
-        into = None
-        if len(self.saved_states) >= self.state_checkpoints:
-            into = self.saved_states.popitem(last=False)[1]
-        try:
-            self.saved_states[slot, length] = self.engine.save_state(slot, into)
-        except torch.OutOfMemoryError:  # a saved state is an optimisation: keep those that fit
-            self.state_checkpoints = len(self.saved_states)
-            log.warning("out of memory for saved states: keeping %d", self.state_checkpoints)
 
     def _copy_prefix(self, job: Job) -> None:
         """Copy into the job's slot the longest reusable prefix of its prompt that another slot holds,
@@ -383,21 +318,18 @@ class Scheduler:
         and cost no prefill. With recurrent state only prefixes another slot saved its state after."""
         if not job.cache_prompt:
             return
-        prompt = job.prompt_ids
-        others = [s for s in range(self.n_slots) if s != job.slot]
+        prompt, cache = job.prompt_ids, self.prompt_cache
         if self.engine.rewindable:
-            length, source = max(((self._reusable(s, prompt), s) for s in others), default=(0, None))
+            others = [s for s in range(self.n_slots) if s != job.slot]
+            length, source = max(((cache.reusable(s, prompt), s) for s in others), default=(0, None))
         else:
-            reusable = {s: self._reusable(s, prompt) for s in others}
-            saved = [(at, s) for s, at in self.saved_states if s != job.slot and at <= reusable[s]]
-            length, source = max(saved, default=(0, None))
+            length, source = max(cache.saved_within(job.slot, prompt), default=(0, None))
         if length <= job.prefilled:
             return
-        state = None if self.engine.rewindable else self._resumed(source, length)
+        state = None if self.engine.rewindable else cache.resumed(source, length)
         self.engine.copy_prefix(source, job.slot, length, state)
         copied = length - job.prefilled
-        self.slot_tokens[job.slot] = prompt[:length]
-        self.slot_prefilled[job.slot] = min(length, self.slot_prefilled[source])
+        cache.copied(source, job.slot, prompt[:length])
         job.prefilled = length
         job.cached_tokens += copied
         self.metrics.admitted(0, copied)
@@ -466,7 +398,7 @@ class Scheduler:
             return
         for job in rows:
             if id(job) not in pending:
-                self.slot_tokens[job.slot].append(job.generated[-1])
+                self.prompt_cache.fed(job.slot, job.generated[-1:])
         if previous is not None:
             self._post_queued(previous, {id(j) for j in rows})
         if rows and not queueable:
@@ -501,7 +433,7 @@ class Scheduler:
             if self.active.get(job.slot) is not job:
                 continue  # cancelled or failed since
             if id(job) in fed:
-                self.slot_tokens[job.slot].append(token)
+                self.prompt_cache.fed(job.slot, [token])
             self._for_one(job, self._post_greedy, token)
 
     def _mask_rows(self, logits: torch.Tensor, decoding: list[Job]) -> list[bool]:
@@ -545,11 +477,7 @@ class Scheduler:
         chunk = self._next_chunk(job)
         logits = self.engine.prefill(chunk, job.slot, start=job.prefilled)
         job.prefilled += len(chunk)
-        self.slot_tokens[job.slot].extend(chunk)
-        self.slot_prefilled[job.slot] = job.prefilled
-        at_end = job.prefilled == len(job.prompt_ids) and self.engine.invariant_prefill
-        if self.state_checkpoints and (job.prefilled % self.prefill_chunk == 0 or at_end):
-            self._save_state(job.slot, job.prefilled)
+        self.prompt_cache.prefilled_chunk(job.slot, chunk, job.prefilled == len(job.prompt_ids))
         if job.prefilled == len(job.prompt_ids):
             self._sample(job, logits)
 
@@ -562,14 +490,14 @@ class Scheduler:
         rows, tokens = speculator.step(
             history, job.max_tokens - len(job.generated), job.sampler, job.slot, stats
         )
-        self.slot_tokens[job.slot].append(history[-1])
+        self.prompt_cache.fed(job.slot, history[-1:])
         posted: list[int] = []
         for index, token in enumerate(tokens):
             history.append(token)
             posted.append(token)
             if self._post(job, token, rows[index]):
                 break
-        self.slot_tokens[job.slot].extend(posted[:-1])
+        self.prompt_cache.fed(job.slot, posted[:-1])
         self.engine.keep_tokens(job.slot, len(posted))
         job.drafted += stats.drafted
         job.accepted += stats.accepted
