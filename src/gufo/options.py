@@ -18,7 +18,7 @@ DEPENDENT_LAUNCH_ENV = "GUFO_DEPENDENT_LAUNCH"
 # docs/decisions.md, "int8 activations only for large matrices"
 DEFAULT_INT8_MIN_WEIGHTS = 2**21
 # how the GPU's decode products of int8 activation rows run (KernelOptions.row_products)
-ROW_PRODUCTS = ("vector", "tensor")
+ROW_PRODUCTS = ("vector", "tensor", "f16")
 # how the GPU's gated delta rule runs several tokens of one sequence (KernelOptions.delta_rule_prefill)
 DELTA_RULE_PREFILLS = ("fla", "torch", "recurrent")
 FLA_MISSING = (
@@ -49,7 +49,9 @@ class KernelOptions:
     # programmatic dependent launch on sm_90+ (each kernel's prologue overlaps the previous one's tail)
     dependent_launch: bool = True
     # the products of 1..64 int8 activation rows of Q4_K, Q6_K and Q8_0 weights: "vector" (gemv_int8, up
-    # to 16 rows) or "tensor" (rows_int8: tensor-core tiles of 16 rows, every row count of a run alike)
+    # to 16 rows) or "tensor" (rows_int8: tensor-core tiles of 16 rows, every row count of a run alike);
+    # "f16": every weight dequantized to float16 at load, 1..64 float rows on rows_half's tiles of 16
+    # rows, every row count of a run alike
     row_products: str = "vector"
     # how the gated delta rule runs a prompt's tokens: "recurrent" (gufo's Triton decode step over them in
     # one launch), or a chunked form, "fla" (fla-core's Triton kernels) or "torch" (gufo.kernels.

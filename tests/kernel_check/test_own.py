@@ -32,6 +32,7 @@ from gufo.kernels.triton import (  # noqa: E402
     offline,
     recurrent,
     routing,
+    rows_half,
     rows_int8,
 )
 
@@ -109,6 +110,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
             elementwise,
             recurrent,
             routing,
+            rows_half,
         )
         for name, obj in vars(module).items()
         if isinstance(obj, JITFunction) and not name.startswith("_") and obj.fn.__module__ == module.__name__
@@ -130,8 +132,9 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     # and on int8 tensor cores with KernelOptions.row_products = "tensor" (own_fixtures compiles them
     # whatever the options)
     int8 |= {k.__name__ for k in rows_int8.KERNELS.values()}
-    # the grouped expert products of a prefill, on the tensor cores
-    dot |= {k.__name__ for k in experts_prefill.KERNELS.values()}
+    # the grouped expert products of a prefill, on the tensor cores; the float16 rows of
+    # KernelOptions.row_products = "f16" (compiled whatever the options)
+    dot |= {k.__name__ for k in experts_prefill.KERNELS.values()} | {rows_half.rows_f16.__name__}
     assert public == engine | dot | int8
     # no tensor-core or dp4a path on ROCm
     for target, want in (("gfx1151", public - dot - int8), ("sm_90", public)):

@@ -159,7 +159,7 @@ def test_linear_kernel_row_limits(qtype):
 
 
 def test_row_products_option_is_checked():
-    with pytest.raises(BadInputError, match="row products: expected one of vector, tensor, got 'mma'"):
+    with pytest.raises(BadInputError, match="row products: expected one of vector, tensor, f16, got 'mma'"):
         KernelOptions(row_products="mma")
 
 

@@ -58,6 +58,10 @@ class LinearKernel(Kernel, Protocol):
         then quantizes as it writes)."""
         return False
 
+    def keeps_rows(self, weight: Any, rows: int) -> bool:
+        """Whether a product of `rows` rows gives each row the numbers of its own one-row product."""
+        return self.batch_invariant
+
 
 class ExpertLinearKernel(Kernel, Protocol):
     """Products with one matrix per expert of a 3-D expert tensor [n_experts, rows, cols], the experts

@@ -344,8 +344,8 @@ ROPE_BLOCK = 256  # positions per block of a rope table (`DecoderModel.host_rope
 # Most tokens one batch-invariant per-token pass takes on GPUs: the skinny products' row limit, up to
 # which each row gets its M = 1 arithmetic (gufo.kernels.triton's MAX_BLOCK_M).
 PER_TOKEN_MAX_TOKENS = 16
-# The same where every product runs on the tensor-core int8 rows (KernelOptions.row_products "tensor"),
-# whose rows keep their M = 1 numbers up to launch.MAX_TENSOR_ROWS rows (docs/decisions.md)
+# The same where every product runs on the tensor-core rows (KernelOptions.row_products "tensor" or "f16"),
+# whose rows keep their M = 1 numbers up to launch.MAX_TENSOR_ROWS / MAX_HALF_ROWS rows (docs/decisions.md)
 WIDE_MAX_TOKENS = 64
 WIDE_ROUTE = "cuda:torch-layer-per-token-64-rows"
 
@@ -441,12 +441,13 @@ class DecoderModel:
     def wide_rows(self) -> bool:
         """Whether a per-token pass of WIDE_MAX_TOKENS rows gives each row its one-row numbers: every
         layer plain attention and a dense FFN (whose products `_linears` sees: no experts, no recurrent
-        mixer), and every product taking that many rows as int8 rows, which only the tensor-core rows
-        do (`launch.skinny`: any other weight's 17+ rows take the prefill route, not batch-invariant)."""
+        mixer), and every product keeping that many rows' numbers, which only the tensor-core rows do
+        (int8 or float16: `launch.skinny`; any other weight's 17+ rows take the prefill route, not
+        batch-invariant)."""
         plain = all(
             isinstance(layer.attn, SelfAttention) and isinstance(layer.ffn, GatedFFN) for layer in self.layers
         )
-        return plain and all(linear.takes_int8(WIDE_MAX_TOKENS) for linear in self._linears())
+        return plain and all(linear.keeps_rows(WIDE_MAX_TOKENS) for linear in self._linears())
 
     def torch_layers_route(self) -> DecodeRoute:
         """Decode on the model's own torch layers, one token per pass (not batch-invariant)."""

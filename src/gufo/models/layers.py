@@ -93,6 +93,10 @@ class Linear:
         them quantizes as it writes: one launch fewer)."""
         return self.kernel.takes_int8(self.weight, rows)
 
+    def keeps_rows(self, rows: int) -> bool:
+        """Whether this product of `rows` rows gives each row the numbers of its own one-row product."""
+        return self.kernel.keeps_rows(self.weight, rows)
+
     def spec(self) -> ProductSpec:
         """This product as data, for fused kernels."""
         return ProductSpec(

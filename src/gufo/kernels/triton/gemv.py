@@ -1,10 +1,13 @@
 """The Triton linear kernel ("linear" on the "cuda" backend, every format of gemv_kernels): skinny
 products (launch.py) for decode and small batches, the dense route (prefill_gemm.py) above
-launch.MAX_BLOCK_M rows (MAX_TENSOR_ROWS on the tensor-core rows: `launch.skinny`)."""
+launch.MAX_BLOCK_M rows (MAX_TENSOR_ROWS on the tensor-core rows, MAX_HALF_ROWS on the float16 ones:
+`launch.skinny`). With KernelOptions.row_products = "f16" every weight is dequantized to float16 once,
+at load (`prepare`), and multiplied in that form on every route."""
 
 from __future__ import annotations
 
 import torch
+from gguf import GGMLQuantizationType
 
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.contracts import LINEAR, LinearKernel
@@ -12,9 +15,18 @@ from gufo.kernels.int8_rows import Int8Rows
 from gufo.kernels.registry import Registration
 from gufo.kernels.triton.dependent_launch import DependentLaunch
 from gufo.kernels.triton.gemv_kernels import FORMATS
-from gufo.kernels.triton.launch import gemv, int8_activations, skinny, takes_int8_rows
+from gufo.kernels.triton.launch import (
+    MAX_BLOCK_M,
+    gemv,
+    int8_activations,
+    on_half_rows,
+    on_tensor_rows,
+    runs_on_int8,
+    skinny,
+    takes_int8_rows,
+)
 from gufo.kernels.triton.planes import TritonWeight, upload
-from gufo.kernels.triton.prefill_gemm import prefill_product
+from gufo.kernels.triton.prefill_gemm import dequantize_weight, prefill_product
 from gufo.options import KernelOptions
 
 
@@ -25,13 +37,25 @@ class TritonLinear(LinearKernel):
         self.int8_min_weights = options.int8_min_weights
         self.launch = DependentLaunch(options.dependent_launch)
         self.tensor_rows = options.row_products == "tensor"
+        self.half_rows = options.row_products == "f16"
 
-    @staticmethod
-    def prepare(info: TensorInfo, device: torch.device | None = None) -> TritonWeight:
-        return upload(info, device)
+    def prepare(self, info: TensorInfo, device: torch.device | None = None) -> TritonWeight:
+        weight = upload(info, device)
+        if not self.half_rows or weight.qtype == GGMLQuantizationType.F16:
+            return weight
+        dense = dequantize_weight(weight, torch.float16)  # prefill's dequantizer: its float16 values
+        return TritonWeight(GGMLQuantizationType.F16, weight.shape, (dense,))
 
     def takes_int8(self, weight: TritonWeight, rows: int) -> bool:
         return takes_int8_rows(weight, rows, self.int8_min_weights, self.tensor_rows)
+
+    def keeps_rows(self, weight: TritonWeight, rows: int) -> bool:
+        """Up to MAX_BLOCK_M rows on the skinny products; on the tensor-core rows as many as they take
+        as int8 rows; on the float16 rows MAX_HALF_ROWS."""
+        int8_tiles = runs_on_int8(weight, self.int8_min_weights) and on_tensor_rows(
+            weight, rows, True, self.tensor_rows
+        )
+        return 0 < rows <= MAX_BLOCK_M or int8_tiles or on_half_rows(weight, rows, self.half_rows)
 
     def apply(self, x: torch.Tensor | Int8Rows, weight: TritonWeight) -> torch.Tensor:
         if isinstance(x, Int8Rows) or skinny(
@@ -39,8 +63,16 @@ class TritonLinear(LinearKernel):
             x.numel() // weight.shape[1],
             int8_activations(x, weight, self.int8_min_weights),
             self.tensor_rows,
+            self.half_rows,
         ):
-            return gemv(x, weight, self.int8_min_weights, self.launch, tensor_rows=self.tensor_rows)
+            return gemv(
+                x,
+                weight,
+                self.int8_min_weights,
+                self.launch,
+                tensor_rows=self.tensor_rows,
+                half_rows=self.half_rows,
+            )
         return prefill_product(x, weight, self.int8_min_weights)
 
 

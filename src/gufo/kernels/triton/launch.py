@@ -8,7 +8,9 @@ gemv_kernels / gemv_int8 runs, its tile shape, its split of K, and the launch it
     it is tuned);
   - with `tensor_rows` (KernelOptions.row_products = "tensor"), int8 activations of 1..MAX_TENSOR_ROWS
     rows of the TENSOR_ROW_FORMATS on NVIDIA: rows_int8's tensor-core tiles, for every row count alike
-    (AMD keeps the vector path, as above).
+    (AMD keeps the vector path, as above);
+  - with `half_rows` (KernelOptions.row_products = "f16", whose weights are all F16), 1..MAX_HALF_ROWS
+    rows on NVIDIA: rows_half's float16 tensor-core tiles, for every row count alike.
 Block sizes are ones that compiled without register spills for sm_90 and gfx1151. M > 16 is the
 prefill's (prefill_gemm), except for products on the tensor-core rows (`skinny`).
 
@@ -32,7 +34,7 @@ import triton
 from gguf import GGMLQuantizationType
 
 from gufo.kernels.int8_rows import Int8Rows
-from gufo.kernels.triton import gemv_int8, rows_int8
+from gufo.kernels.triton import gemv_int8, rows_half, rows_int8
 from gufo.kernels.triton.checks import check_device, check_dtype, check_size
 from gufo.kernels.triton.dependent_launch import DependentLaunch
 from gufo.kernels.triton.gemv_kernels import FORMATS
@@ -188,6 +190,14 @@ def tensor_split_tiles(qtype: GGMLQuantizationType, n: int) -> int:
     return triton.cdiv(n, TENSOR_TILES[qtype][0])
 
 
+MAX_HALF_ROWS = rows_half.MAX_HALF_ROWS
+
+
+def half_split_tiles(n: int) -> int:
+    """The output tiles `_splits` counts for a rows_half product of an [n, k] weight."""
+    return triton.cdiv(n, rows_half.HALF_TILE[0])
+
+
 def runs_on_int8(weight: TritonWeight, int8_min_weights: int) -> bool:
     """Whether the products of this weight on float32 activations quantize them to int8 first
     (gemv_int8.py): a format with int8 kernels, whose dot4 is native (NVIDIA) or emulated by the Triton
@@ -224,11 +234,27 @@ def on_tensor_rows(weight: TritonWeight, rows: int, int8: bool, tensor_rows: boo
     )
 
 
-def skinny(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool) -> bool:
+def on_half_rows(weight: TritonWeight, rows: int, half_rows: bool) -> bool:
+    """Whether a product of `rows` float rows runs on rows_half's float16 tiles: with `half_rows`, an F16
+    weight, 1..MAX_HALF_ROWS rows, on NVIDIA (or the CPU interpreter)."""
+    return (
+        half_rows
+        and weight.qtype in rows_half.HALF_ROW_FORMATS
+        and 0 < rows <= MAX_HALF_ROWS
+        and torch.version.hip is None
+    )
+
+
+def skinny(weight: TritonWeight, rows: int, int8: bool, tensor_rows: bool, half_rows: bool = False) -> bool:
     """Whether a product of `rows` rows (on int8 activations: `int8`) takes the skinny products (`gemv`)
     rather than the prefill route: up to MAX_BLOCK_M rows, and up to MAX_TENSOR_ROWS on the tensor-core
-    rows (`on_tensor_rows`: decode steps of that many rows stay batch-invariant)."""
-    return rows <= MAX_BLOCK_M or on_tensor_rows(weight, rows, int8, tensor_rows)
+    rows (`on_tensor_rows`) or MAX_HALF_ROWS on the float16 ones (`on_half_rows`): decode steps of that
+    many rows stay batch-invariant."""
+    return (
+        rows <= MAX_BLOCK_M
+        or on_tensor_rows(weight, rows, int8, tensor_rows)
+        or (not int8 and on_half_rows(weight, rows, half_rows))
+    )
 
 
 def check_operands(x: torch.Tensor | Int8Rows, weight: TritonWeight) -> None:
@@ -257,6 +283,7 @@ def gemv(
     tensor_rows: bool = False,
     config: DecodeConfig | None = None,
     experts: ExpertRows | None = None,
+    half_rows: bool = False,
 ) -> torch.Tensor:
     """x [..., K] (float32/float16/bfloat16, on the weight's device; or float32 rows already quantized
     to `Int8Rows` for a format in INT8_FORMATS) -> x @ W^T [..., N] in x's dtype.
@@ -265,7 +292,8 @@ def gemv(
     the device's size; `tensor_rows`: int8 rows on the tensor cores (`on_tensor_rows`); `config`: the
     launch of a product on the int8 vector kernels instead of `int8_config`'s (the bandwidth sweep's
     candidates; `fitted` to K here), an error on any other path; `experts`: the expert-indexed product
-    of x [S or 1, K] -> [S, rows] (`ExpertRows`), on the vector kernels.
+    of x [S or 1, K] -> [S, rows] (`ExpertRows`), on the vector kernels; `half_rows`: float rows of an
+    F16 weight on the float16 tensor-core tiles (`on_half_rows`).
     """
     check_operands(x, weight)
     if splits is not None and splits < 1:
@@ -292,9 +320,13 @@ def gemv(
     tensor = not indexed and on_tensor_rows(
         weight, m, quantized or int8_activations(x, weight, int8_min_weights), tensor_rows
     )
+    half = not (indexed or quantized) and on_half_rows(weight, m, half_rows)
     ids: tuple[torch.Tensor | None, ...] = ()  # the vector kernels' ids_ptr (None: not indexed)
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
-    if tensor:
+    if half:
+        block_n, step, _ = rows_half.HALF_TILE
+        kernel, block_m, int8 = None, rows_half.BLOCK_M, False
+    elif tensor:
         tile = tensor_config(weight.qtype, m)
         kernel, block_n, step, warps = None, tile.block_n, tile.step, tile.num_warps
         block_m, int8 = rows_int8.BLOCK_M, True
@@ -311,16 +343,20 @@ def gemv(
         ids = (experts.ids if indexed else None,)
         # indexed: one assignment per program row (grid axis 2), its expert's rows for the tiles
         block_m = 1 if indexed else min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
-    if config is not None and (tensor or not int8):
+    if config is not None and (tensor or half or not int8):
         raise ValueError("a DecodeConfig given to a product off the int8 vector kernels")
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
     if splits is None:  # indexed: one expert's split, whatever the assignments (batch invariance)
-        splits = _splits(x.device, tensor_split_tiles(weight.qtype, n) if tensor else grid_n, n_steps)
+        tiles = tensor_split_tiles(weight.qtype, n) if tensor else half_split_tiles(n) if half else grid_n
+        splits = _splits(x.device, tiles, n_steps)
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
     out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
-    if m and tensor:
+    if m and half:
+        grid = (grid_m, grid_n, splits)  # the row tiles of an output tile side by side (rows_half.py)
+        rows_half.launch(x2, weight.planes, out, grid, n_steps, per_split, launch.options(out.device))
+    elif m and tensor:
         rows = x2 if quantized else gemv_int8.quantize_rows(x2, launch)
         rows_int8.launch(
             rows, weight.qtype, weight.planes, out, (grid_n, splits, grid_m), n_steps, per_split, block_n,

@@ -76,4 +76,5 @@ def prefill_product(x: torch.Tensor, weight: TritonWeight, int8_min_weights: int
     check_operands(x, weight)
     dtype = FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
     operand = prefill_operand(x, weight, dtype, int8_min_weights)
-    return _product(operand, dequantize_weight(weight, dtype)).to(x.dtype)
+    dense = weight.planes[0] if weight.qtype == Q.F16 else dequantize_weight(weight, dtype)  # F16: as it is
+    return _product(operand, dense).to(x.dtype)
