@@ -81,6 +81,22 @@ def activations(m: int, k: int, dtype: torch.dtype = torch.float32) -> torch.Ten
     return torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
 
 
+def gpu_rows_alike(kernel, weight: planes.TritonWeight, x: torch.Tensor) -> torch.Tensor:
+    """x @ W^T by `kernel.apply` on the GPU in products of 1, 5, 16 and 64 rows, each row bit for bit
+    the same whatever rows share its product: the one-row products, on the CPU."""
+    alone = torch.cat([kernel.apply(x[i : i + 1].cuda(), weight) for i in range(64)]).cpu()
+    for rows in (5, 16, 64):
+        got = torch.cat([kernel.apply(x[i : i + rows].cuda(), weight) for i in range(0, 64, rows)]).cpu()
+        assert torch.equal(got, alone), rows
+    return alone
+
+
+def products_in_parts(x: torch.Tensor, weight: planes.TritonWeight, rows: int, **route) -> torch.Tensor:
+    """x @ W^T by `launch.gemv` with `route` (its keyword arguments), `rows` rows per product."""
+    parts = range(0, x.shape[0], rows)
+    return torch.cat([launch.gemv(x[i : i + rows], weight, 0, LAUNCH, **route) for i in parts])
+
+
 def operands(x: torch.Tensor, info: TensorInfo, int8_min_weights: int) -> torch.Tensor:
     """The activations a product of x multiplies: x itself, or x quantized per 32 columns to int8 and
     dequantized where the vector kernels take int8 activations (gemv_int8.py; its torch quantizer) and

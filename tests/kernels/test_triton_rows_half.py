@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from test_triton_gemv import GPU_REL, HALF_REL, activations, random_tensor
+from test_triton_gemv import GPU_REL, HALF_REL, activations, gpu_rows_alike, products_in_parts, random_tensor
 from triton_interpreter import interpreter_tests
 
 from gufo.errors import BadInputError
@@ -45,15 +45,6 @@ def oracle(info, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.double() @ w.T, x.double().abs() @ w.abs().T
 
 
-def products(x: torch.Tensor, weight: planes.TritonWeight, rows: int, splits: int | None) -> torch.Tensor:
-    """x @ W^T on the float16 rows, `rows` rows per product."""
-    parts = [
-        launch.gemv(x[i : i + rows], weight, 0, LAUNCH, splits=splits, half_rows=True)
-        for i in range(0, x.shape[0], rows)
-    ]
-    return torch.cat(parts)
-
-
 def check_rows_alike(qtype: gguf.GGMLQuantizationType, splits: int | None, cols: int | None = None) -> None:
     """The weight held as the `gguf` package's values in float16, bit for bit; rows in products of 1, 3,
     16, 20 and 64 rows bit for bit the same per row, and close to the oracle."""
@@ -61,9 +52,9 @@ def check_rows_alike(qtype: gguf.GGMLQuantizationType, splits: int | None, cols:
     weight = HALF.prepare(info)
     assert weight.qtype == Q.F16 and torch.equal(weight.planes[0], dequantized(info).half())
     x = activations(64, info.shape[1]) * torch.logspace(-2, 1, info.shape[1])
-    first = products(x, weight, BATCHES[0], splits)
+    first = products_in_parts(x, weight, BATCHES[0], splits=splits, half_rows=True)
     for rows in BATCHES[1:]:
-        got = products(x, weight, rows, splits)
+        got = products_in_parts(x, weight, rows, splits=splits, half_rows=True)
         assert torch.equal(got, first), f"{rows} rows a product differ from one"
     want, scale = oracle(info, x)
     worst = ((first.double() - want).abs() / (REL * scale + 1e-30)).max().item()
@@ -152,10 +143,7 @@ def test_gpu_rows_alike_real_shapes(qtype):
     info = random_tensor(qtype, rows=4096 + 1000, cols=4096)
     weight = HALF.prepare(info)  # uploaded to the GPU
     x = activations(64, 4096)
-    alone = torch.cat([HALF.apply(x[i : i + 1].cuda(), weight) for i in range(64)]).cpu()
-    for rows in (5, 16, 64):
-        got = torch.cat([HALF.apply(x[i : i + rows].cuda(), weight) for i in range(0, 64, rows)]).cpu()
-        assert torch.equal(got, alone), rows
+    alone = gpu_rows_alike(HALF, weight, x)
     want, scale = oracle(info, x)
     rel = max(GPU_REL[torch.float16], REL)
     assert ((alone.double() - want).abs() <= rel * scale + 1e-30).all()

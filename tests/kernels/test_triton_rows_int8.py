@@ -12,7 +12,15 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from test_triton_gemv import FLOAT32_REL, GPU_REL, HALF_REL, activations, random_tensor
+from test_triton_gemv import (
+    FLOAT32_REL,
+    GPU_REL,
+    HALF_REL,
+    activations,
+    gpu_rows_alike,
+    products_in_parts,
+    random_tensor,
+)
 from triton_interpreter import interpreter_tests
 
 from gufo.errors import BadInputError
@@ -43,15 +51,6 @@ def oracle(info, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xd @ w.T, xd.abs() @ w.abs().T
 
 
-def products(x: torch.Tensor, weight: planes.TritonWeight, rows: int, splits: int | None) -> torch.Tensor:
-    """x @ W^T on the tensor route, `rows` rows per product."""
-    parts = [
-        launch.gemv(x[i : i + rows], weight, 0, LAUNCH, splits=splits, tensor_rows=True)
-        for i in range(0, x.shape[0], rows)
-    ]
-    return torch.cat(parts)
-
-
 def check_rows_alike(qtype: gguf.GGMLQuantizationType, splits: int | None, cols: int | None = None) -> None:
     """Rows in products of 1, 3, 16 and 20 rows: bit for bit the same per row, and close to the oracle;
     float32 rows and the same rows already quantized (`Int8Rows`) alike."""
@@ -59,9 +58,9 @@ def check_rows_alike(qtype: gguf.GGMLQuantizationType, splits: int | None, cols:
     weight = TENSOR.prepare(info)
     x = activations(20, info.shape[1]) * torch.logspace(-2, 1, info.shape[1])
     x[3, 32:64] = 0.0  # an all-zero block
-    first = products(x, weight, BATCHES[0], splits)
+    first = products_in_parts(x, weight, BATCHES[0], splits=splits, tensor_rows=True)
     for rows in BATCHES[1:]:
-        got = products(x, weight, rows, splits)
+        got = products_in_parts(x, weight, rows, splits=splits, tensor_rows=True)
         assert torch.equal(got, first), f"{rows} rows a product differ from one"
     quantized = launch.gemv(gemv_int8.quantize_rows(x, LAUNCH), weight, 0, LAUNCH, splits, tensor_rows=True)
     assert torch.equal(quantized, first)
@@ -175,10 +174,7 @@ def test_gpu_rows_alike_real_shapes(qtype):
     info = random_tensor(qtype, rows=4096 + 1000, cols=4096)
     weight = TENSOR.prepare(info)
     x = activations(64, 4096)
-    alone = torch.cat([TENSOR.apply(x[i : i + 1].cuda(), weight) for i in range(64)]).cpu()
-    for rows in (5, 16, 64):
-        got = torch.cat([TENSOR.apply(x[i : i + rows].cuda(), weight) for i in range(0, 64, rows)]).cpu()
-        assert torch.equal(got, alone), rows
+    alone = gpu_rows_alike(TENSOR, weight, x)
     want, scale = oracle(info, x)
     rel = max(GPU_REL[torch.float32], REL[qtype])
     assert ((alone.double() - want).abs() <= rel * scale + 1e-30).all()
