@@ -28,8 +28,7 @@ Q = gguf.GGMLQuantizationType
 FORMATS = (Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS, Q.F32)  # a K-quant, the legacy, a codebook, a float file
 LAUNCH = DependentLaunch(enabled=True)
 HALF = gemv.TritonLinear(KernelOptions(row_products="f16"))
-# rows per product: one tile, a part of one, a full one; two tiles in a program; four, the last ones empty
-BATCHES = (1, 3, 16, 20, 40, 64)
+BATCHES = (1, 3, 16, 20, 40, 64)  # rows per product: one tile, a part of one, a full one; 2, 3 and 4 tiles
 REL = HALF_REL[torch.float16]  # activations rounded to float16 (weights are float16 already)
 
 
@@ -96,8 +95,8 @@ test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 def test_half_route_for_every_row_count():
     """What `gemv` launches for 1..64 float rows of an F16 weight with half_rows (the launcher replaced by
-    a recorder): the float16 tiles for every row count alike, 1, 2 or 4 row tiles of 16 per program,
-    the K split asked with the same tile count whatever the rows; without half_rows, never."""
+    a recorder): the float16 tiles for every row count alike, in row tiles of 16 next to each other in
+    the grid, the K split asked with the same tile count whatever the rows; without half_rows, never."""
     n, k = 4096, 512
     weight = planes.TritonWeight(Q.F16, (n, k), (torch.empty(0),))
     for rows in range(1, 65):
@@ -106,8 +105,7 @@ def test_half_route_for_every_row_count():
             mock.patch.object(launch, "_splits", return_value=2) as splits,
         ):
             launch.gemv(torch.zeros(rows, k), weight, 0, LAUNCH, half_rows=True)
-        tiles = rows_half.row_tiles(rows)
-        assert half.call_args.args[3] == (-(-rows // (16 * tiles)), n // 64, 2), rows
+        assert half.call_args.args[3] == (-(-rows // 16), n // 64, 2), rows
         assert splits.call_args.args[1] == n // 64
         assert not launch.on_half_rows(weight, rows, False)
 

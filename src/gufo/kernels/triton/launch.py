@@ -325,7 +325,7 @@ def gemv(
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
     if half:
         block_n, step, _ = rows_half.HALF_TILE
-        kernel, block_m, int8 = None, rows_half.BLOCK_M * rows_half.row_tiles(m), False
+        kernel, block_m, int8 = None, rows_half.BLOCK_M, False
     elif tensor:
         tile = tensor_config(weight.qtype, m)
         kernel, block_n, step, warps = None, tile.block_n, tile.step, tile.num_warps
@@ -354,7 +354,7 @@ def gemv(
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
     out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
     if m and half:
-        grid = (grid_m, grid_n, splits)  # grid_m: groups of rows_half.row_tiles tiles
+        grid = (grid_m, grid_n, splits)  # the row tiles of an output tile side by side (rows_half.py)
         rows_half.launch(x2, weight.planes, out, grid, n_steps, per_split, launch.options(out.device))
     elif m and tensor:
         rows = x2 if quantized else gemv_int8.quantize_rows(x2, launch)

@@ -4,8 +4,8 @@
 The quantized products of many rows are bound by unpacking each weight block once per 16-row tile
 (docs/decisions.md, "Tensor-core decode rows"); here the weights were dequantized to float16 once, at
 load, so a tile of BLOCK_M = 16 activation rows (rows past M are zero) meets [STEP, BLOCK_N] of them in
-one float16 `tl.dot` with float32 accumulation, and a program holds up to 4 such tiles (`row_tiles`),
-each in a dot of its own, so a step of 64 rows reads each weight tile once. A
+one float16 `tl.dot` with float32 accumulation, and a step of 64 rows reads each weight tile once from
+memory and three more times from L2 (the row tiles of one output tile are neighbours in the grid). A
 row's numbers depend on that row alone: every tile is BLOCK_M rows whatever M is, its activations are
 rounded to float16 one by one, and the split of K depends on the output tiles only (`launch._splits`), so
 M rows give each row its M = 1 numbers (batch invariance by construction). `M` is not specialised, so a
@@ -33,53 +33,29 @@ HALF_TILE = (64, 128, 4)  # BLOCK_N, STEP, num_warps: compiled without scratch f
 HALF_ROW_FORMATS = (Q.F16,)  # the weights this route multiplies (TritonLinear makes every weight one)
 
 
-@triton.jit
-def _rows_tile_product(acc, x_ptr, stride_xm, m, M, k, in_k, w):
-    """acc + the float16 rows m (a BLOCK_M tile, rows past M zero) of x's columns k times w^T."""
-    x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m < M)[:, None] & in_k[None, :], other=0.0)
-    return tl.dot(x.to(tl.float16), w, acc)
-
-
 @triton.jit(do_not_specialize=["M"])
 def rows_f16(
     x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, ROW_TILES: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    # grid (row-tile groups, output tiles, splits); a program's ROW_TILES tiles of BLOCK_M rows (1, 2 or 4)
-    # each meet the weight tile it loaded once, in a dot of their own: the same instructions per tile
+    # grid (row tiles, output tiles, splits): the row tiles of one output tile run side by side, so
+    # all but the first read its weights from L2
     wait_for_inputs(PDL)
-    m = tl.program_id(0) * (ROW_TILES * BLOCK_M) + tl.arange(0, BLOCK_M)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
     row = tl.where(n < N, n, 0).to(tl.int64)  # rows past N read row 0: in bounds, never stored
     first = split * steps_per_split
     last = tl.minimum(first + steps_per_split, n_steps)
-    acc0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    acc3 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(first, last):
         k = step * STEP + tl.arange(0, STEP)
         in_k = k < K
-        w = tl.trans(tl.load(w_ptr + row[:, None] * K + k[None, :], mask=in_k[None, :], other=0.0))
-        acc0 = _rows_tile_product(acc0, x_ptr, stride_xm, m, M, k, in_k, w)
-        if ROW_TILES > 1:
-            acc1 = _rows_tile_product(acc1, x_ptr, stride_xm, m + BLOCK_M, M, k, in_k, w)
-        if ROW_TILES > 2:
-            acc2 = _rows_tile_product(acc2, x_ptr, stride_xm, m + 2 * BLOCK_M, M, k, in_k, w)
-            acc3 = _rows_tile_product(acc3, x_ptr, stride_xm, m + 3 * BLOCK_M, M, k, in_k, w)
-    store_partials(out_ptr, acc0, m, n, M, N, split)
-    if ROW_TILES > 1:
-        store_partials(out_ptr, acc1, m + BLOCK_M, n, M, N, split)
-    if ROW_TILES > 2:
-        store_partials(out_ptr, acc2, m + 2 * BLOCK_M, n, M, N, split)
-        store_partials(out_ptr, acc3, m + 3 * BLOCK_M, n, M, N, split)
-
-
-def row_tiles(rows: int) -> int:
-    """BLOCK_M tiles per program for a product of `rows` rows: 1, 2 or 4."""
-    return min(4, triton.next_power_of_2(triton.cdiv(rows, BLOCK_M)))
+        x_mask = (m < M)[:, None] & in_k[None, :]
+        x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=x_mask, other=0.0)
+        w = tl.load(w_ptr + row[:, None] * K + k[None, :], mask=in_k[None, :], other=0.0)
+        acc = tl.dot(x.to(tl.float16), tl.trans(w), acc)
+    store_partials(out_ptr, acc, m, n, M, N, split)
 
 
 def launch(
@@ -92,11 +68,11 @@ def launch(
     options: dict[str, bool],
 ) -> None:
     """out[split, m, n] of rows x [M, K] (float32/float16/bfloat16, unit column stride) and an F16 weight's
-    planes; grid (groups of `row_tiles` tiles of BLOCK_M rows, output tiles of HALF_TILE's BLOCK_N,
-    splits); `options` the dependent-launch ones (DependentLaunch.options)."""
+    planes; grid (row tiles of BLOCK_M, output tiles of HALF_TILE's BLOCK_N, splits); `options` the
+    dependent-launch ones (DependentLaunch.options)."""
     m, k = x.shape
     block_n, step, warps = HALF_TILE
     rows_f16[grid](
         x, planes[0], out, m, out.shape[-1], k, x.stride(0), n_steps, per_split,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, STEP=step, ROW_TILES=row_tiles(m), num_warps=warps, **options,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, STEP=step, num_warps=warps, **options,
     )  # fmt: skip
