@@ -37,7 +37,8 @@ class TritonLinear(LinearKernel):
         self.int8_min_weights = options.int8_min_weights
         self.launch = DependentLaunch(options.dependent_launch)
         self.tensor_rows = options.row_products == "tensor"
-        self.half_rows = options.row_products == "f16"
+        # NVIDIA only (launch.on_half_rows): on ROCm the weights stay as the file has them
+        self.half_rows = options.row_products == "f16" and torch.version.hip is None
 
     def prepare(self, info: TensorInfo, device: torch.device | None = None) -> TritonWeight:
         weight = upload(info, device)
