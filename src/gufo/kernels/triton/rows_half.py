@@ -4,8 +4,9 @@
 The quantized products of many rows are bound by unpacking each weight block once per 16-row tile
 (docs/decisions.md, "Tensor-core decode rows"); here the weights were dequantized to float16 once, at
 load, so a tile of BLOCK_M = 16 activation rows (rows past M are zero) meets [STEP, BLOCK_N] of them in
-one float16 `tl.dot` with float32 accumulation, and a step of 64 rows reads each weight tile once from
-memory and three more times from L2 (the row tiles of one output tile are neighbours in the grid). A
+one float16 `tl.dot` with float32 accumulation. A step of 64 rows reads each weight tile four times,
+once per row tile; the row tiles of one output tile are neighbours in the grid, so that all but the
+first may find it in L2 (measured: docs/decisions.md, "Float16 decode rows"). A
 row's numbers depend on that row alone: every tile is BLOCK_M rows whatever M is, its activations are
 rounded to float16 one by one, and the split of K depends on the output tiles only (`launch._splits`), so
 M rows give each row its M = 1 numbers (batch invariance by construction). `M` is not specialised, so a
@@ -29,7 +30,7 @@ Q = GGMLQuantizationType
 
 BLOCK_M = 16  # activation rows per tile, whatever M is (the float16 tensor-core tile's height)
 MAX_HALF_ROWS = 64  # most rows per product on this route (decode rows; the tile repeats along M)
-HALF_TILE = (64, 128, 4)  # BLOCK_N, STEP, num_warps: compiled without scratch for sm_90 and gfx1151
+HALF_TILE = (64, 128, 4)  # BLOCK_N, STEP, num_warps: compiled without scratch for sm_90 (gufo kernels own)
 HALF_ROW_FORMATS = (Q.F16,)  # the weights this route multiplies (TritonLinear makes every weight one)
 
 
@@ -38,8 +39,7 @@ def rows_f16(
     x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, n_steps, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    # grid (row tiles, output tiles, splits): the row tiles of one output tile run side by side, so
-    # all but the first read its weights from L2
+    # grid (row tiles, output tiles, splits): the row tiles of one output tile run side by side
     wait_for_inputs(PDL)
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
