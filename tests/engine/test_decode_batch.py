@@ -48,17 +48,26 @@ def test_a_row_past_the_context_is_bad_input():
         engine.decode_batch([1, 2], [5, 128], [0, 1])
 
 
+def gpu_model(name: str, tmp_path) -> str:
+    """A model for the GPU tier: a real one by its alias, or "tiny", written here (a device machine may
+    lack the model packages)."""
+    if name != "tiny":
+        return name
+    return str(write_tiny_model(tmp_path / "tiny.gguf", n_embd=256, n_ff=512, head_dim=64))
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
-def test_gpu_rows_equal_their_own_decode_steps(model, monkeypatch):
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m", "tiny"])
+def test_gpu_rows_equal_their_own_decode_steps(model, tmp_path, monkeypatch):
     """18 sequences (two replays: 16 rows, then 2), their slots out of order: each row bit for bit its own
     one-token graph step, this step and the next (which reads the KV entries the rows wrote)."""
-    prompts = [[(7 * i + j) % 50 + 1 for j in range(1 + i % 5)] for i in range(18)]
+    prompts = [[(7 * i + j) % 29 + 1 for j in range(1 + i % 5)] for i in range(18)]
     slots = [(5 * i) % 18 for i in range(18)]
     positions = [len(prompts[s]) for s in slots]
-    alone, batched = prefilled(model, prompts, "cuda"), prefilled(model, prompts, "cuda")
+    path = gpu_model(model, tmp_path)
+    alone, batched = prefilled(path, prompts, "cuda"), prefilled(path, prompts, "cuda")
     for step in range(2):
-        tokens = [40 + step + s for s in slots]
+        tokens = [(step + s) % 29 + 1 for s in slots]
         rows = zip(tokens, positions, slots, strict=True)
         want = torch.stack([alone.decode(t, p, s) for t, p, s in rows])
         with monkeypatch.context() as patched:
@@ -71,20 +80,22 @@ def test_gpu_rows_equal_their_own_decode_steps(model, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("model", ["smollm2-135m", "tiny"])
 @pytest.mark.parametrize("n_rows", [1, 18])
-def test_gpu_steps_fed_queued_ids_are_the_steps_fed_host_ids(n_rows):
+def test_gpu_steps_fed_queued_ids_are_the_steps_fed_host_ids(n_rows, model, tmp_path):
     """Greedy steps chained on the device as a server queues them: each step is fed the previous step's
     first maxima as device ids (`first_max_queued`), every third row a host id instead
     (`QueuedTokens.mixed`); each row's logits are bit for bit those of its one-token step fed the same id
     from the host, and `QueuedTokens.tolist` reads the ids the host's own rule picks."""
-    prompts = [[(7 * i + j) % 50 + 1 for j in range(1 + i % 5)] for i in range(n_rows)]
+    prompts = [[(7 * i + j) % 29 + 1 for j in range(1 + i % 5)] for i in range(n_rows)]
     slots = [(5 * i) % n_rows for i in range(n_rows)]
     positions = [len(prompts[s]) for s in slots]
-    alone, queued = prefilled("smollm2-135m", prompts, "cuda"), prefilled("smollm2-135m", prompts, "cuda")
-    picked = QueuedTokens(torch.tensor([40 + s for s in slots], device="cuda"))
+    path = gpu_model(model, tmp_path)
+    alone, queued = prefilled(path, prompts, "cuda"), prefilled(path, prompts, "cuda")
+    picked = QueuedTokens(torch.tensor([(10 + s) % 29 + 1 for s in slots], device="cuda"))
     for step in range(3):
         rows = [None if i % 3 == 2 else (i + step) % n_rows for i in range(n_rows)]
-        host = [30 + i for i in range(n_rows)]
+        host = [(20 + i) % 29 + 1 for i in range(n_rows)]
         got = queued.decode_batch(picked.mixed(rows, host), positions, slots)
         previous = picked.tolist()
         tokens = [host[i] if r is None else previous[r] for i, r in enumerate(rows)]
