@@ -103,6 +103,11 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         self.tokens[target] = list(tokens)
         self.prefilled[target] = min(len(tokens), self.prefilled[source])
 
+    def next_chunk(self, prompt: Sequence[int], position: int) -> Sequence[int]:
+        """The prompt's tokens from `position` up to the next multiple of `chunk`: the chunks every
+        prompt is prefilled in, with or without a cached prefix, however many prompts share a step."""
+        return prompt[position : (position // self.chunk + 1) * self.chunk]
+
     def prefilled_chunk(self, slot: int, chunk: Sequence[int], prompt_ends: bool) -> None:
         """The slot's prefill ran `chunk` after what it held (its prompt's last when `prompt_ends`); its
         state is saved at a multiple of `chunk` and, where prefill is batch-invariant, at a prompt's end."""
@@ -139,10 +144,10 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         position = reused
         try:
             while position < len(prompt):
-                end = min((position // self.chunk + 1) * self.chunk, len(prompt))
-                logits = self.engine.prefill(prompt[position:end], slot, start=position)
-                self.prefilled_chunk(slot, prompt[position:end], end == len(prompt))
-                position = end
+                chunk = self.next_chunk(prompt, position)
+                logits = self.engine.prefill(chunk, slot, start=position)
+                position += len(chunk)
+                self.prefilled_chunk(slot, chunk, position == len(prompt))
         except BaseException:  # a chunk cut short leaves the slot's state unknown
             self.truncate(slot, 0)
             raise

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -346,11 +346,11 @@ class Scheduler:
             self._for_one(job, self._copy_prefix)
             if self.active.get(job.slot) is not job:
                 continue  # the copy failed the job
-            size = len(self._next_chunk(job))
-            if size > budget and budget < self.prefill_chunk:
+            chunk = self.prompt_cache.next_chunk(job.prompt_ids, job.prefilled)
+            if len(chunk) > budget and budget < self.prefill_chunk:
                 break  # the step's first chunk always runs
-            budget -= size
-            self._for_one(job, self._prefill_chunk)
+            budget -= len(chunk)
+            self._for_one(job, self._prefill_chunk, chunk)
             self._outbox.flush()  # a first token does not wait for the decode step
         if self.speculators is not None:
             for job in decoding:
@@ -467,14 +467,8 @@ class Scheduler:
             if self.active.get(job.slot) is job:
                 self._fail(job, err)
 
-    def _next_chunk(self, job: Job) -> list[int]:
-        """Prompt tokens up to the next multiple of `prefill_chunk` (the same chunks with or without a
-        cached prefix, however many prompts share a step)."""
-        end = (job.prefilled // self.prefill_chunk + 1) * self.prefill_chunk
-        return job.prompt_ids[job.prefilled : end]
-
-    def _prefill_chunk(self, job: Job) -> None:
-        chunk = self._next_chunk(job)
+    def _prefill_chunk(self, job: Job, chunk: Sequence[int]) -> None:
+        """Prefill the job's next chunk (`PromptCache.next_chunk`); its first token at the prompt's end."""
         logits = self.engine.prefill(chunk, job.slot, start=job.prefilled)
         job.prefilled += len(chunk)
         self.prompt_cache.prefilled_chunk(job.slot, chunk, job.prefilled == len(job.prompt_ids))

@@ -20,8 +20,6 @@ from gufo.kernels.triton.launch import (
     gemv,
     int8_activations,
     on_half_rows,
-    on_tensor_rows,
-    runs_on_int8,
     skinny,
     takes_int8_rows,
 )
@@ -51,12 +49,13 @@ class TritonLinear(LinearKernel):
         return takes_int8_rows(weight, rows, self.int8_min_weights, self.tensor_rows)
 
     def keeps_rows(self, weight: TritonWeight, rows: int) -> bool:
-        """Up to MAX_BLOCK_M rows on the skinny products; on the tensor-core rows as many as they take
-        as int8 rows; on the float16 rows MAX_HALF_ROWS."""
-        int8_tiles = runs_on_int8(weight, self.int8_min_weights) and on_tensor_rows(
-            weight, rows, True, self.tensor_rows
+        """Up to MAX_BLOCK_M rows on the skinny products; as many as the int8 rows take (the tensor-core
+        tiles: MAX_TENSOR_ROWS); on the float16 rows MAX_HALF_ROWS."""
+        return (
+            0 < rows <= MAX_BLOCK_M
+            or self.takes_int8(weight, rows)
+            or on_half_rows(weight, rows, self.half_rows)
         )
-        return 0 < rows <= MAX_BLOCK_M or int8_tiles or on_half_rows(weight, rows, self.half_rows)
 
     def apply(self, x: torch.Tensor | Int8Rows, weight: TritonWeight) -> torch.Tensor:
         if isinstance(x, Int8Rows) or skinny(
