@@ -193,11 +193,6 @@ def tensor_split_tiles(qtype: GGMLQuantizationType, n: int) -> int:
 MAX_HALF_ROWS = rows_half.MAX_HALF_ROWS
 
 
-def half_split_tiles(n: int) -> int:
-    """The output tiles `_splits` counts for a rows_half product of an [n, k] weight."""
-    return triton.cdiv(n, rows_half.HALF_TILE[0])
-
-
 def runs_on_int8(weight: TritonWeight, int8_min_weights: int) -> bool:
     """Whether the products of this weight on float32 activations quantize them to int8 first
     (gemv_int8.py): a format with int8 kernels, whose dot4 is native (NVIDIA) or emulated by the Triton
@@ -348,8 +343,7 @@ def gemv(
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
     if splits is None:  # indexed: one expert's split, whatever the assignments (batch invariance)
-        tiles = tensor_split_tiles(weight.qtype, n) if tensor else half_split_tiles(n) if half else grid_n
-        splits = _splits(x.device, tiles, n_steps)
+        splits = _splits(x.device, tensor_split_tiles(weight.qtype, n) if tensor else grid_n, n_steps)
     per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
     splits = triton.cdiv(n_steps, per_split)  # no empty ranges
     out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
