@@ -81,6 +81,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(cache_prompt=true), to measure its prefix cache (default 0: no shared prefix, no reuse)",
     )
     parser.add_argument(
+        "--no-prefix-reuse",
+        action="store_true",
+        help="with --shared-prefix-words: send cache_prompt=false all the same, so the server prefills "
+        "every prompt whole: the baseline the prefix cache's gain is measured against",
+    )
+    parser.add_argument(
         "--seed",
         type=non_negative_int,
         default=0,
@@ -187,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     from gufo.tools.bench.lists import parse_span
     from gufo.tools.bench.serving import Client, Workload, markdown, run_serving_bench, write_sweep
 
+    if args.no_prefix_reuse and not args.shared_prefix_words:
+        raise BadInputError("--no-prefix-reuse: needs --shared-prefix-words (without it nothing is reused)")
     points = load_points(args)
     constraint = response_format(args)
     workload = Workload(
@@ -194,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
         parse_span(args.max_tokens, "--max-tokens"),
         args.shared_prefix_words,
         args.seed,
+        reuse_prefix=not args.no_prefix_reuse,
     )
     for path, flag in ((args.output, "--output"), (args.sweep, "--sweep")):
         if path is not None and not path.parent.is_dir():

@@ -1,16 +1,17 @@
 """Decode products of 1..MAX_HALF_ROWS rows on float16 weights held dequantized on the device
 (KernelOptions.row_products = "f16").
 
-The quantized products of many rows are bound by unpacking each weight block once per 16-row tile
+The quantized products of many rows are bound by unpacking each weight block once per row tile
 (docs/decisions.md, "Tensor-core decode rows"); here the weights were dequantized to float16 once, at
-load, so a tile of BLOCK_M = 16 activation rows (rows past M are zero) meets [STEP, BLOCK_N] of them in
-one float16 `tl.dot` with float32 accumulation. A step of 64 rows reads each weight tile four times,
-once per row tile; the row tiles of one output tile are neighbours in the grid, so that all but the
-first may find it in L2 (measured: docs/decisions.md, "Float16 decode rows"). A
-row's numbers depend on that row alone: every tile is BLOCK_M rows whatever M is, its activations are
-rounded to float16 one by one, and the split of K depends on the output tiles only (`launch._splits`), so
-M rows give each row its M = 1 numbers (batch invariance by construction). `M` is not specialised, so a
-one-row product compiles to the same code as any other.
+load, so a tile of BLOCK_M = 64 activation rows (rows past M are zero) meets [STEP, BLOCK_N] of them in
+one float16 `tl.dot` with float32 accumulation. The tile is that tall whatever M is: one row reads the
+same weight bytes as 64, and those reads, not the tile's MMAs, bound a product of up to 64 rows
+(measured: docs/decisions.md, "Float16 decode rows"). Past 64 rows the row tiles of one output tile are
+neighbours in the grid, so that all but the first may find its weights in L2. A row's numbers depend on
+that row alone: every tile is BLOCK_M rows whatever M is, its activations are rounded to float16 one by
+one, and the split of K depends on the output tiles only (`launch._splits`), so M rows give each row its
+M = 1 numbers (batch invariance by construction). `M` is not specialised, so a one-row product compiles
+to the same code as any other.
 
 Not the numbers of the quantized routes (their activations are int8): the engine takes one route for all
 its products (KernelOptions.row_products). NVIDIA only, like the other tensor-core tiles (launch.py).
@@ -28,8 +29,8 @@ from gufo.kernels.triton.jit_helpers import store_partials
 
 Q = GGMLQuantizationType
 
-BLOCK_M = 16  # activation rows per tile, whatever M is (the float16 tensor-core tile's height)
-MAX_HALF_ROWS = 64  # most rows per product on this route (decode rows; the tile repeats along M)
+BLOCK_M = 64  # activation rows per tile, whatever M is (a warp group's float16 tensor-core tile height)
+MAX_HALF_ROWS = 256  # most rows per product on this route (decode rows; the tile repeats along M)
 HALF_TILE = (64, 128, 4)  # BLOCK_N, STEP, num_warps: compiled without scratch for sm_90 (gufo kernels own)
 HALF_ROW_FORMATS = (Q.F16,)  # the weights this route multiplies (TritonLinear makes every weight one)
 

@@ -203,12 +203,15 @@ class Request:
 @dataclass(frozen=True)
 class Workload:
     """What the requests send: prompt filler words and max_tokens each drawn uniformly from an inclusive
-    range (`seed` makes the draws and the arrival times repeatable), and a shared prompt prefix."""
+    range (`seed` makes the draws and the arrival times repeatable), and a shared prompt prefix, which the
+    server may reuse from its cache unless `reuse_prefix` is off (the baseline the cache's gain is
+    measured against)."""
 
     prompt_words: tuple[int, int]
     max_tokens: tuple[int, int]
     shared_prefix_words: int = 0
     seed: int = 0
+    reuse_prefix: bool = True
 
     def shared_prefix(self) -> str:
         """The words every prompt starts with in shared-prefix mode (a pattern unlike the filler's)."""
@@ -338,7 +341,7 @@ def run_serving_bench(
 ) -> dict:
     say = progress or (lambda _: None)
     client.model = client.model or client.first_model()
-    client.cache_prompt = workload.shared_prefix_words > 0
+    client.cache_prompt = workload.shared_prefix_words > 0 and workload.reuse_prefix
     rng = np.random.default_rng(workload.seed)
     parity_rng = np.random.default_rng(workload.seed + PARITY_SEED_OFFSET)
     n_parity = max(point.count for point in points)
@@ -373,6 +376,7 @@ def run_serving_bench(
         "max_tokens": list(workload.max_tokens),
         "prompt_words": list(workload.prompt_words),
         "shared_prefix_words": workload.shared_prefix_words,
+        "cache_prompt": client.cache_prompt,
         "seed": workload.seed,
         "repetitions": repetitions,
         "gufo_version": __version__,
@@ -405,6 +409,7 @@ def markdown(report: dict) -> str:
         + f"), max_tokens {span(report['max_tokens'])}, "
         f"prompt ~{span(report['prompt_words'])} words"
         + (f" after a shared prefix of {shared} words" if shared else "")
+        + (" (cache_prompt=false)" if shared and not report.get("cache_prompt", True) else "")
         + f", {report['repetitions']} repetitions, seed {report['seed']}, ITL per {report['itl_unit']}",
         "",
         "| C or rate | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | prefill t/s | decode t/s/req "
