@@ -78,6 +78,12 @@ class StandInEngine:
     def prepare_rows(self, n_rows: int) -> None:
         pass
 
+    def prepare_prefill(self, max_tokens: int) -> None:
+        pass
+
+    def copy_prefix(self, source: int, target: int, length: int, state=None) -> None:
+        pass  # the prompts share a prefix; the stand-in's logits do not depend on the cache
+
     def check_fits(self, n_tokens: int) -> None:
         pass
 

@@ -4,8 +4,8 @@
 The quantized products of many rows are bound by unpacking each weight block once per row tile
 (docs/decisions.md, "Tensor-core decode rows"); here the weights were dequantized to float16 once, at
 load, so a tile of BLOCK_M = 64 activation rows (rows past M are zero) meets [STEP, BLOCK_N] of them in
-one float16 `tl.dot` with float32 accumulation. The tile is that tall whatever M is: one row reads the
-same weight bytes as 64, and those reads, not the tile's MMAs, bound a product of up to 64 rows
+one float16 `tl.dot` with float32 accumulation. The tile is that tall whatever M is: against a 16-row
+tile a step of one or 16 rows costs more, one of 48 rows or more less, which is what this route is for
 (measured: docs/decisions.md, "Float16 decode rows"). Past 64 rows the row tiles of one output tile are
 neighbours in the grid, so that all but the first may find its weights in L2. A row's numbers depend on
 that row alone: every tile is BLOCK_M rows whatever M is, its activations are rounded to float16 one by
