@@ -1,7 +1,7 @@
 """GPU check of the batched decode rows (what `gufo serve` runs for its active requests): for a GGUF file,
 `--rows` sequences (default 18) of different lengths in as many slots, steps of `Engine.decode_batch`
-(graph replays of up to 16 rows, or 64 / 256 on the tensor-core rows' routes, slots out of order; then 4
-of the sequences; then 2; then a bit over half of them, a padded bucket on the wide routes; then all again)
+(graph replays of up to 16 rows, or 64 on the tensor-core rows' route, slots out of order; then 4 of the
+sequences; then 2; then a bit over half of them, a padded bucket on the 64-row route; then all again)
 against each row's own one-token step (`Engine.decode`) on a second engine: prints the decode route, the
 largest difference per step, and for a model with recurrent state (qwen35) whether every slot's state is
 bit for bit its one-row steps' after the steps; prints PASS and exits 0 when every row and every state is
@@ -9,7 +9,6 @@ bit for bit equal, else FAIL, 1.
 
     python scripts/rows_check.py FILE.gguf [FILE.gguf ...]
     python scripts/rows_check.py --row-products tensor --rows 64 FILE.gguf   # the 64-row buckets
-    python scripts/rows_check.py --row-products f16 --rows 256 FILE.gguf     # the 256-row buckets
     python scripts/rows_check.py --row-products tensor --time --rows 64 FILE.gguf
 
 `--profile` skips the check and profiles (torch.profiler; CUPTI records the kernels inside graph replays)

@@ -107,26 +107,23 @@ def test_gpu_steps_fed_queued_ids_are_the_steps_fed_host_ids(n_rows, model, tmp_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("route", "most"), [("tensor", 64), ("f16", 256)])
+@pytest.mark.parametrize("route", ["tensor", "f16"])
 @pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_K])
-def test_gpu_wide_rows_on_the_tensor_rows_equal_their_own_decode_steps(
-    tmp_path, qtype, route, most, monkeypatch
-):
+def test_gpu_64_rows_on_the_tensor_rows_equal_their_own_decode_steps(tmp_path, qtype, route, monkeypatch):
     """A model whose every product runs on the tensor-core rows (--row-products tensor, every matrix on
-    int8 rows: 64 rows a replay; or f16, every matrix float16: 256) takes the wide route (the vector
-    products keep 16); `most` + 6 sequences, slots out of order, in steps of all of them (a replay of
-    `most` rows, then 6), 33 (the 48-row bucket, 15 padding rows), 17 (the 32-row one) and `most` / 2 + 5
-    (48 on the tensor rows, 192 on the float16 ones): each row bit for bit its own one-token graph step,
-    each step reading the KV entries the previous one wrote, and no real slot written past its sequence
-    by the steps (the padding rows write the scratch slot; prefill's padded graph buckets leave KV past
-    a prompt, which nothing reads before the real token there writes: docs/decisions.md, "Prefill
-    replays piecewise CUDA graphs")."""
+    int8 rows; or f16, every matrix float16) takes the 64-row route (the vector products keep 16); 70
+    sequences, slots out of order, in steps of 70 rows (a 64-row replay, then 6), 33 (the 48-row bucket,
+    15 padding rows) and 17 (the 32-row one): each row bit for bit its own one-token graph step, each
+    step reading the KV entries the previous one wrote, and no real slot written past its sequence by
+    the steps (the padding rows write the scratch slot; prefill's padded graph buckets leave KV past a
+    prompt, which nothing reads before the real token there writes: docs/decisions.md, "Prefill replays
+    piecewise CUDA graphs")."""
     path = write_tiny_model(tmp_path / "tiny.gguf", n_embd=256, n_ff=512, head_dim=64, qtype=qtype)
     wide = KernelOptions(row_products=route, int8_min_weights=0)
     vector = Engine(path, RunOptions(device="cuda", kernels=KernelOptions(int8_min_weights=0)), context=64)
     assert vector.model.decode_route.name == "cuda:torch-layer-per-token"
     assert vector.graph_decoder.max_tokens == 16 and vector.cache.scratch_slot is None
-    n = most + 6
+    n = 70
     prompts = [[(7 * i + j) % 29 + 1 for j in range(1 + i % 5)] for i in range(n)]
     engines = []
     for _ in range(2):
@@ -135,12 +132,12 @@ def test_gpu_wide_rows_on_the_tensor_rows_equal_their_own_decode_steps(
             engine.prefill(prompt, slot=slot)
         engines.append(engine)
     alone, batched = engines
-    assert batched.model.decode_route.name == f"cuda:torch-layer-per-token-{most}-rows"
-    assert batched.graph_decoder.max_tokens == most and batched.cache.scratch_slot == n
+    assert batched.model.decode_route.name == "cuda:torch-layer-per-token-64-rows"
+    assert batched.graph_decoder.max_tokens == 64 and batched.cache.scratch_slot == n
     after_prefill = [keys[:n].clone() for keys in batched.cache.keys]
     order = [(3 * i) % n for i in range(n)]
     lengths = {slot: len(prompt) for slot, prompt in enumerate(prompts)}
-    for step, slots in enumerate((order, order[:33], order[33:50], order[: most // 2 + 5])):
+    for step, slots in enumerate((order, order[:33], order[33:50])):
         tokens = [(step + s) % 29 + 1 for s in slots]
         positions = [lengths[s] for s in slots]
         want = torch.stack([alone.decode(t, p, s) for t, p, s in zip(tokens, positions, slots, strict=True)])

@@ -28,8 +28,7 @@ Q = gguf.GGMLQuantizationType
 FORMATS = (Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.IQ4_XS, Q.F32)  # a K-quant, the legacy, a codebook, a float file
 LAUNCH = DependentLaunch(enabled=True)
 HALF = gemv.TritonLinear(KernelOptions(row_products="f16"))
-# rows per product: a part of one tile, a full one, a row past it; 3 and 4 tiles (the last one part)
-BATCHES = (1, 3, 64, 65, 130, 256)
+BATCHES = (1, 3, 16, 20, 40, 64)  # rows per product: parts of the one tile, then the whole of it
 REL = HALF_REL[torch.float16]  # activations rounded to float16 (weights are float16 already)
 
 
@@ -48,11 +47,11 @@ def oracle(info, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def check_rows_alike(qtype: gguf.GGMLQuantizationType, splits: int | None, cols: int | None = None) -> None:
     """The weight held as the `gguf` package's values in float16, bit for bit; rows in products of 1, 3,
-    64, 65, 130 and 256 rows bit for bit the same per row, and close to the oracle."""
+    16, 20, 40 and 64 rows bit for bit the same per row, and close to the oracle."""
     info = random_tensor(qtype, rows=70, cols=cols)
     weight = HALF.prepare(info)
     assert weight.qtype == Q.F16 and torch.equal(weight.planes[0], dequantized(info).half())
-    x = activations(256, info.shape[1]) * torch.logspace(-2, 1, info.shape[1])
+    x = activations(64, info.shape[1]) * torch.logspace(-2, 1, info.shape[1])
     first = products_in_parts(x, weight, BATCHES[0], splits=splits, half_rows=True)
     for rows in BATCHES[1:]:
         got = products_in_parts(x, weight, rows, splits=splits, half_rows=True)
@@ -62,17 +61,17 @@ def check_rows_alike(qtype: gguf.GGMLQuantizationType, splits: int | None, cols:
     assert torch.isfinite(first).all() and worst <= 1.0, f"error {worst:.3g} x the bound"
 
 
-def check_linear_takes_256_rows_then_prefill() -> None:
-    """The engine's linear kernel with row_products = "f16": a 256-row product on the float16 tiles, equal
-    per row to that row alone; 257 rows on the prefill route, multiplying the same float16 weights."""
+def check_linear_takes_64_rows_then_prefill() -> None:
+    """The engine's linear kernel with row_products = "f16": a 64-row product on the float16 tiles, equal
+    per row to that row alone; 65 rows on the prefill route, multiplying the same float16 weights."""
     info = random_tensor(Q.Q4_K, rows=70)
     weight = HALF.prepare(info)
-    x = activations(257, info.shape[1])
-    y = HALF.apply(x[:256], weight)
-    for i in (0, 37, 63, 64, 200, 255):
+    x = activations(65, info.shape[1])
+    y = HALF.apply(x[:64], weight)
+    for i in (0, 37, 63):
         assert torch.equal(y[i : i + 1], HALF.apply(x[i : i + 1], weight))
     want, scale = oracle(info, x)
-    assert ((y.double() - want[:256]).abs() <= REL * scale[:256] + 1e-30).all()
+    assert ((y.double() - want[:64]).abs() <= REL * scale[:64] + 1e-30).all()
     prefill = HALF.apply(x, weight)
     assert ((prefill.double() - want).abs() <= REL * scale + 1e-30).all()
 
@@ -83,7 +82,7 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         cases[f"rows_alike-{qtype.name}"] = lambda q=qtype: check_rows_alike(q, None)
     # two K ranges (split-K) with a tail in the last 128-column step (19 blocks of 32)
     cases["rows_alike-split_k-Q8_0"] = lambda: check_rows_alike(Q.Q8_0, 2, cols=19 * 32)
-    cases["linear_256_rows_then_prefill"] = check_linear_takes_256_rows_then_prefill
+    cases["linear_64_rows_then_prefill"] = check_linear_takes_64_rows_then_prefill
     return cases
 
 
@@ -95,32 +94,32 @@ test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 
 def test_half_route_for_every_row_count():
-    """What `gemv` launches for 1..256 float rows of an F16 weight with half_rows (the launcher replaced
-    by a recorder): the float16 tiles for every row count alike, in row tiles of 64 next to each other in
+    """What `gemv` launches for 1..64 float rows of an F16 weight with half_rows (the launcher replaced by
+    a recorder): the float16 tiles for every row count alike, in one row tile of 64 (BLOCK_M) in
     the grid, the K split asked with the same tile count whatever the rows; without half_rows, never."""
     n, k = 4096, 512
     weight = planes.TritonWeight(Q.F16, (n, k), (torch.empty(0),))
-    for rows in range(1, 257):
+    for rows in range(1, 65):
         with (
             mock.patch.object(rows_half, "launch") as half,
             mock.patch.object(launch, "_splits", return_value=2) as splits,
         ):
             launch.gemv(torch.zeros(rows, k), weight, 0, LAUNCH, half_rows=True)
-        assert half.call_args.args[3] == (-(-rows // 64), n // 64, 2), rows
+        assert half.call_args.args[3] == (1, n // 64, 2), rows  # one tile of 64 rows
         assert splits.call_args.args[1] == n // 64
         assert not launch.on_half_rows(weight, rows, False)
 
 
 def test_linear_kernel_row_limits():
-    """With row_products = "f16" products of up to 256 rows stay off the prefill route and keep each row's
+    """With row_products = "f16" products of up to 64 rows stay off the prefill route and keep each row's
     numbers; never int8 rows; the other routes keep 16 rows (64 on the tensor-core int8 rows)."""
     f16 = planes.TritonWeight(Q.F16, (4096, 4096), ())
     q4_k = planes.TritonWeight(Q.Q4_K, (4096, 4096), ())
     vector = gemv.TritonLinear(KernelOptions())
     tensor = gemv.TritonLinear(KernelOptions(row_products="tensor"))
-    assert HALF.keeps_rows(f16, 256) and not HALF.keeps_rows(f16, 257) and not HALF.keeps_rows(f16, 0)
-    assert not any(HALF.takes_int8(f16, rows) for rows in (1, 16, 64, 256))
-    assert launch.skinny(f16, 256, False, False, True) and not launch.skinny(f16, 257, False, False, True)
+    assert HALF.keeps_rows(f16, 64) and not HALF.keeps_rows(f16, 65) and not HALF.keeps_rows(f16, 0)
+    assert not any(HALF.takes_int8(f16, rows) for rows in (1, 16, 64))
+    assert launch.skinny(f16, 64, False, False, True) and not launch.skinny(f16, 65, False, False, True)
     assert not launch.skinny(f16, 17, False, False, False)
     assert vector.keeps_rows(q4_k, 16) and not vector.keeps_rows(q4_k, 17)
     assert tensor.keeps_rows(q4_k, 64) and not tensor.keeps_rows(q4_k, 65)
@@ -140,11 +139,11 @@ def test_row_products_option_is_checked():
 @pytest.mark.parametrize("qtype", (Q.Q4_K, Q.Q6_K), ids=lambda q: q.name)
 def test_gpu_rows_alike_real_shapes(qtype):
     """Qwen3-8B widths (K = 4096, 5096 rows: a tail tile, split-K from the device's size): rows in
-    products of 1, 5, 16, 64, 100 and 256 rows bit for bit alike, and close to the oracle."""
+    products of 1, 5, 16 and 64 rows bit for bit alike, and close to the oracle."""
     info = random_tensor(qtype, rows=4096 + 1000, cols=4096)
     weight = HALF.prepare(info)  # uploaded to the GPU
-    x = activations(256, 4096)
-    alone = gpu_rows_alike(HALF, weight, x, (5, 16, 64, 100, 256))
+    x = activations(64, 4096)
+    alone = gpu_rows_alike(HALF, weight, x)
     want, scale = oracle(info, x)
     rel = max(GPU_REL[torch.float16], REL)
     assert ((alone.double() - want).abs() <= rel * scale + 1e-30).all()

@@ -344,10 +344,10 @@ ROPE_BLOCK = 256  # positions per block of a rope table (`DecoderModel.host_rope
 # Most tokens one batch-invariant per-token pass takes on GPUs: the skinny products' row limit, up to
 # which each row gets its M = 1 arithmetic (gufo.kernels.triton's MAX_BLOCK_M).
 PER_TOKEN_MAX_TOKENS = 16
-# The same where every product runs on the tensor-core rows, whose rows keep their M = 1 numbers up to
-# launch.MAX_HALF_ROWS rows on the float16 ones (KernelOptions.row_products "f16") and MAX_TENSOR_ROWS on
-# the int8 ones ("tensor"; docs/decisions.md): the most rows a pass takes, the largest first.
-WIDE_MAX_TOKENS = (256, 64)
+# The same where every product runs on the tensor-core rows (KernelOptions.row_products "tensor" or "f16"),
+# whose rows keep their M = 1 numbers up to launch.MAX_TENSOR_ROWS / MAX_HALF_ROWS rows (docs/decisions.md)
+WIDE_MAX_TOKENS = 64
+WIDE_ROUTE = "cuda:torch-layer-per-token-64-rows"
 
 
 @dataclass(frozen=True)
@@ -430,29 +430,24 @@ class DecoderModel:
                 step = functools.partial(kernel.apply, plan)
                 name = f"{route}:{kernel.name}"
                 return DecodeRoute(name, step, kernel.batch_invariant, kernel.max_tokens, kernel.multi_slot)
-        wide = self.wide_rows() if self.backend == "cuda" else 0
-        if wide:
-            name = f"cuda:torch-layer-per-token-{wide}-rows"
-            return DecodeRoute(name, self._layer_per_token, True, wide, False)
+        if self.backend == "cuda" and self.wide_rows():
+            return DecodeRoute(WIDE_ROUTE, self._layer_per_token, True, WIDE_MAX_TOKENS, False)
         if self.backend == "cuda":
             return DecodeRoute(
                 "cuda:torch-layer-per-token", self._layer_per_token, True, PER_TOKEN_MAX_TOKENS, False
             )
         return self.torch_layers_route()
 
-    def wide_rows(self) -> int:
-        """The most rows (one of WIDE_MAX_TOKENS) a per-token pass takes giving each row its one-row
-        numbers, or 0 for none of them: every layer plain attention and a dense FFN (whose products
-        `_linears` sees: no experts, no recurrent mixer), and every product keeping that many rows'
-        numbers, which only the tensor-core rows do (int8 or float16: `launch.skinny`; any other weight's
-        17+ rows take the prefill route, not batch-invariant)."""
+    def wide_rows(self) -> bool:
+        """Whether a per-token pass of WIDE_MAX_TOKENS rows gives each row its one-row numbers: every
+        layer plain attention and a dense FFN (whose products `_linears` sees: no experts, no recurrent
+        mixer), and every product keeping that many rows' numbers, which only the tensor-core rows do
+        (int8 or float16: `launch.skinny`; any other weight's 17+ rows take the prefill route, not
+        batch-invariant)."""
         plain = all(
             isinstance(layer.attn, SelfAttention) and isinstance(layer.ffn, GatedFFN) for layer in self.layers
         )
-        if not plain:
-            return 0
-        linears = self._linears()
-        return next((rows for rows in WIDE_MAX_TOKENS if all(lin.keeps_rows(rows) for lin in linears)), 0)
+        return plain and all(linear.keeps_rows(WIDE_MAX_TOKENS) for linear in self._linears())
 
     def torch_layers_route(self) -> DecodeRoute:
         """Decode on the model's own torch layers, one token per pass (not batch-invariant)."""

@@ -4,11 +4,11 @@ A chunk of n tokens (1..batch_size) replays the graphs of the smallest bucket th
 of two from MIN_BUCKET below batch_size, then batch_size itself (a server's full chunk replays unpadded).
 Powers of two keep a padded chunk's rows under twice its own while a batch of 512 needs 6 sets of graphs
 (capture time and graph memory at load); below MIN_BUCKET rows padding costs nothing measurable, the
-products' tiles being 16 rows high. The GPU products change kernels at 16, 64 and 256 rows
-(`launch.MAX_BLOCK_M`, `rows_int8.MAX_TENSOR_ROWS`, `rows_half.MAX_HALF_ROWS`), which are bucket edges
-too, so a padded chunk of 4 tokens or more takes the kernels its own length would (below 4, vector
-kernels against tl.dot). The bucket's rows past the chunk's write KV at the positions after it, so a
-chunk whose bucket would run past the context runs eagerly instead.
+products' tiles being 16 rows high. The GPU products change kernels at 16 and 64 rows
+(`launch.MAX_BLOCK_M`, `rows_int8.MAX_TENSOR_ROWS`), which are bucket edges too, so a padded chunk of 4
+tokens or more takes the kernels its own length would (below 4, vector kernels against tl.dot). The
+bucket's rows past the chunk's write KV at the positions after it, so a chunk whose bucket would run
+past the context runs eagerly instead.
 """
 
 from __future__ import annotations

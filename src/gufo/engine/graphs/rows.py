@@ -1,12 +1,11 @@
 """Which captured graph a decode step of several sequences replays, and what fills its spare rows.
 
 Every row count up to EXACT_ROWS has a graph of its own. Past it (a route whose products keep each row's
-numbers up to 64 rows or more: the tensor-core rows) counts round up to a multiple of BUCKET_STEP up to
-WIDE_STEP_FROM, then of WIDE_STEP (the float16 rows' tile height, so a bucket costs its products no more
-than the rows it holds): 17..32 rows replay the 32-row graph, 65..128 the 128-row one, and so on. The
-rows a bucket has beyond the step's go to a scratch slot of the cache (`KVCache.scratch_slot`) at
-position 0: they write only that slot, read only its first entry, and their logits are dropped. A row's
-numbers do not depend on how many rows share its replay, so padding changes no real row.
+numbers up to 64 rows: the tensor-core int8 rows) counts round up to a multiple of BUCKET_STEP, so at
+most three more graphs are captured: 17..32 rows replay the 32-row graph, and so on. The rows a bucket
+has beyond the step's go to a scratch slot of the cache (`KVCache.scratch_slot`) at position 0: they
+write only that slot, read only its first entry, and their logits are dropped. A row's numbers do not
+depend on how many rows share its replay, so padding changes no real row.
 """
 
 from __future__ import annotations
@@ -14,18 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 EXACT_ROWS = 16  # row counts that each have their own graph (the vector products' row limit)
-BUCKET_STEP = 16  # the buckets past EXACT_ROWS: multiples of this (the int8 tensor-core rows' tile height)
-WIDE_STEP_FROM = 64  # past this many rows the buckets are multiples of WIDE_STEP
-WIDE_STEP = 64
+BUCKET_STEP = 16  # the buckets past EXACT_ROWS: multiples of this (the tensor-core rows' tile height)
 
 
 def buckets(max_rows: int) -> tuple[int, ...]:
     """The row counts graphs are captured for, for steps of up to `max_rows` rows: 1..EXACT_ROWS, then
-    the multiples of BUCKET_STEP up to WIDE_STEP_FROM, of WIDE_STEP past it, up to `max_rows` (and
-    `max_rows` itself, the largest step)."""
+    the multiples of BUCKET_STEP up to `max_rows` (and `max_rows` itself, the largest step)."""
     exact = tuple(range(1, min(max_rows, EXACT_ROWS) + 1))
-    narrow = range(EXACT_ROWS + BUCKET_STEP, min(max_rows, WIDE_STEP_FROM) + 1, BUCKET_STEP)
-    wide = (*narrow, *range(WIDE_STEP_FROM + WIDE_STEP, max_rows + 1, WIDE_STEP))
+    wide = tuple(range(EXACT_ROWS + BUCKET_STEP, max_rows + 1, BUCKET_STEP))
     if max_rows > EXACT_ROWS and max_rows not in wide:
         wide = (*wide, max_rows)
     return exact + wide

@@ -5,13 +5,13 @@ The quantized products of many rows are bound by unpacking each weight block onc
 (docs/decisions.md, "Tensor-core decode rows"); here the weights were dequantized to float16 once, at
 load, so a tile of BLOCK_M = 64 activation rows (rows past M are zero) meets [STEP, BLOCK_N] of them in
 one float16 `tl.dot` with float32 accumulation. The tile is that tall whatever M is: against a 16-row
-tile a step of one or 16 rows costs more, one of 48 rows or more less, which is what this route is for
-(measured: docs/decisions.md, "Float16 decode rows"). Past 64 rows the row tiles of one output tile are
-neighbours in the grid, so that all but the first may find its weights in L2. A row's numbers depend on
-that row alone: every tile is BLOCK_M rows whatever M is, its activations are rounded to float16 one by
-one, and the split of K depends on the output tiles only (`launch._splits`), so M rows give each row its
-M = 1 numbers (batch invariance by construction). `M` is not specialised, so a one-row product compiles
-to the same code as any other.
+tile a step of one or 16 rows costs more, one of 48 or 64 rows less, which is what this route is for;
+more rows than 64 a product cost as much per row again, so decode steps stop at one tile and longer
+prefill chunks take cuBLAS (measured: docs/decisions.md, "Float16 decode rows"). A row's numbers depend
+on that row alone: every tile is BLOCK_M rows whatever M is, its activations are rounded to float16 one
+by one, and the split of K depends on the output tiles only (`launch._splits`), so M rows give each row
+its M = 1 numbers (batch invariance by construction). `M` is not specialised, so a one-row product
+compiles to the same code as any other.
 
 Not the numbers of the quantized routes (their activations are int8): the engine takes one route for all
 its products (KernelOptions.row_products). NVIDIA only, like the other tensor-core tiles (launch.py).
@@ -30,7 +30,7 @@ from gufo.kernels.triton.jit_helpers import store_partials
 Q = GGMLQuantizationType
 
 BLOCK_M = 64  # activation rows per tile, whatever M is (a warp group's float16 tensor-core tile height)
-MAX_HALF_ROWS = 256  # most rows per product on this route (decode rows; the tile repeats along M)
+MAX_HALF_ROWS = 64  # most rows per product on this route (decode rows): one tile
 HALF_TILE = (64, 128, 4)  # BLOCK_N, STEP, num_warps: compiled without scratch for sm_90 (gufo kernels own)
 HALF_ROW_FORMATS = (Q.F16,)  # the weights this route multiplies (TritonLinear makes every weight one)
 
