@@ -5,7 +5,10 @@ prefix, and the flag syntax."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from gufo.tools.bench.serving import (
     markdown,
     percentiles,
     poisson_arrivals,
+    run_serving_bench,
     summarize,
     write_sweep,
 )
@@ -158,3 +162,64 @@ def test_the_table_shows_cached_tokens_per_request_in_shared_prefix_mode():
     assert shared[4].endswith("| yes | 16.0 / 25.00 |")  # 32 cached of 40 + 10 prompt tokens, 2 requests
     plain = markdown(report | {"shared_prefix_words": 0}).splitlines()
     assert plain[2].endswith("| greedy = C1 |") and plain[4].endswith("| yes |")
+
+
+class LoadSensitiveClient:
+    """A stand-in server: each text is a function of its prompt, except that a prompt starting with
+    `drifts` answers otherwise whenever other requests are in flight (a server whose output depends on
+    its load), so the parity check must catch exactly those."""
+
+    model = "stand-in"
+    cache_prompt = False
+    endpoint = "completions"
+    response_format = None
+    token_counter = None
+
+    def __init__(self, drifts: str | None = None):
+        self.drifts = drifts
+        self.in_flight = 0
+        self.lock = threading.Lock()
+        self.prompts: list[str] = []
+
+    def first_model(self) -> str:
+        return self.model
+
+    def stream(self, prompt: str, max_tokens: int) -> Sample:
+        with self.lock:
+            self.in_flight += 1
+            self.prompts.append(prompt)
+            crowded = self.in_flight > 1  # others came first
+        time.sleep(0.05)  # overlap with the requests sent together
+        with self.lock:
+            crowded |= self.in_flight > 1  # or came since
+            self.in_flight -= 1
+        drifted = self.drifts is not None and prompt.startswith(self.drifts) and crowded
+        text = prompt + (" (under load)" if drifted else "")
+        return Sample(0.01, [0.01, 0.02], [1, 1], 5, 0, 2, hashlib.sha256(text.encode()).hexdigest(), 0.02)
+
+
+@pytest.mark.parametrize(("parity", "checked"), [(None, 4), (2, 2), (0, 0)])
+def test_parity_checks_at_most_the_asked_requests_among_as_many(parity, checked):
+    """--parity N: N reference requests alone, then each load point's first N of its C requests are
+    those, among C - N others sent with them; None checks all C, 0 none (no reference requests)."""
+    client = LoadSensitiveClient()
+    workload = Workload((3, 3), (2, 2))
+    report = run_serving_bench(client, [LoadPoint(concurrency=4)], workload, 1, parity=parity)
+    (row,) = report["results"]
+    assert row["parity_checked"] == checked and report["parity_limit"] == parity
+    assert row["greedy_matches_c1"] is (None if checked == 0 else True)
+    # references alone, the timed round's 4, then the parity round's 4 when there is one
+    assert len(client.prompts) == checked + 4 + (4 if checked else 0)
+    assert sum(p.startswith("Note ") for p in client.prompts) == 2 * checked
+    assert ("yes (2)" in markdown(report)) is (parity == 2)
+
+
+def test_parity_catches_a_checked_request_whose_text_changes_under_load():
+    client = LoadSensitiveClient(drifts="Note 1:")
+    workload = Workload((3, 3), (2, 2))
+    caught = run_serving_bench(client, [LoadPoint(concurrency=4)], workload, 1, parity=2)
+    assert caught["results"][0]["greedy_matches_c1"] is False and "| NO (2) |" in markdown(caught)
+    missed = run_serving_bench(
+        LoadSensitiveClient(drifts="Note 1:"), [LoadPoint(concurrency=4)], workload, 1, parity=1
+    )
+    assert missed["results"][0]["greedy_matches_c1"] is True  # request 1 was not among the checked

@@ -179,16 +179,17 @@ def test_bench_serve_rates_ranges_shared_prefix_and_sweep(server, capsys, tmp_pa
 
 def test_bench_serve_shared_prefix_without_reuse_is_prefilled_whole(server, capsys, tmp_path):
     """--no-prefix-reuse: the same shared-prefix prompts with cache_prompt=false, so the server reuses
-    nothing (the cache's baseline); without --shared-prefix-words the flag is refused."""
+    nothing (the cache's baseline); without --shared-prefix-words the flag is refused. --parity 1 checks
+    one of the point's two requests."""
     out = tmp_path / "whole.json"
     args = ["--concurrency", "2", "--prompt-words", "4", "--max-tokens", "2", "--shared-prefix-words", "12"]
-    args += ["--no-prefix-reuse", "-r", "1", "-o", str(out)]
+    args += ["--no-prefix-reuse", "--parity", "1", "-r", "1", "-o", str(out)]
     code, stdout, _ = gufo(capsys, "bench-serve", "--base-url", server.base_url, *args)
-    assert code == 0 and "(cache_prompt=false)" in stdout
+    assert code == 0 and "(cache_prompt=false)" in stdout and "| yes (1) |" in stdout
     report = json.loads(out.read_text())
     assert report["cache_prompt"] is False and report["shared_prefix_words"] == 12
     assert [r["cached_tokens"] for r in report["results"]] == [0]
-    assert report["results"][0]["greedy_matches_c1"] is True
+    assert report["results"][0]["greedy_matches_c1"] is True and report["results"][0]["parity_checked"] == 1
     code, _, stderr = gufo(capsys, "bench-serve", "--base-url", server.base_url, "--no-prefix-reuse")
     refused = "--no-prefix-reuse: needs --shared-prefix-words (without it nothing is reused)"
     assert code == 2 and stderr.strip().endswith(refused)

@@ -67,6 +67,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="timed repetitions per load point (default 3)",
     )
     parser.add_argument(
+        "--parity",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="greedy parity: check at most N requests of each load point against the same request sent "
+        "alone (the point's other requests are other prompts, so the checked ones still run among as "
+        "many; the reference requests go one at a time, which at C=256 takes minutes); 0 checks none "
+        "(default: every request of the point)",
+    )
+    parser.add_argument(
         "--prompt-words",
         default="200",
         metavar="N|A:B",
@@ -217,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         token_counter=None if args.tokenizer is None else token_counter(args.tokenizer),
     )
     progress = (lambda line: print(f"bench-serve: {line}", file=sys.stderr)) if args.progress else None
-    report = run_serving_bench(client, points, workload, args.repetitions, progress)
+    report = run_serving_bench(client, points, workload, args.repetitions, progress, args.parity)
     print(markdown(report))
     if args.output is not None:
         args.output.write_text(json.dumps(report, indent=2) + "\n")
