@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import http.server
+import json
 import math
 import threading
 import time
@@ -16,6 +18,7 @@ import pytest
 from gufo.errors import BadInputError
 from gufo.tools.bench.lists import parse_positive_floats, parse_span
 from gufo.tools.bench.serving import (
+    Client,
     LoadPoint,
     Sample,
     Workload,
@@ -223,3 +226,43 @@ def test_parity_catches_a_checked_request_whose_text_changes_under_load():
         LoadSensitiveClient(drifts="Note 1:"), [LoadPoint(concurrency=4)], workload, 1, parity=1
     )
     assert missed["results"][0]["greedy_matches_c1"] is True  # request 1 was not among the checked
+
+
+class EmptyReplyHandler(http.server.BaseHTTPRequestHandler):
+    """A server whose every completion ends at once, without text (end-of-generation first): a role
+    chunk, the usage, [DONE]."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        events = [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}},
+        ]
+        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_reply_without_text_is_measured_not_fatal():
+    """A completion that ends before any text (a model whose first token is end-of-generation) is a
+    sample like any other: its end counts as its first token, no inter-token latency, the usage's token
+    counts, the empty text's hash; the load point's statistics hold it."""
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), EmptyReplyHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"http://127.0.0.1:{httpd.server_port}", model="m", endpoint="chat")
+        got = client.stream("Hi", 4)
+    finally:
+        httpd.shutdown()
+    assert got.chunk_times == [] and got.itls == [] and got.decode_tps is None
+    assert got.ttft == got.end > 0 and (got.prompt_tokens, got.completion_tokens) == (7, 1)
+    assert got.text_sha256 == hashlib.sha256(b"").hexdigest()
+    stats = summarize([([got], 0.5)])
+    assert stats["itl_ms"]["p50"] is None and stats["aggregate_tps"] == 2.0
+    assert stats["ttft_ms"]["p50"] == pytest.approx(got.ttft * 1e3)

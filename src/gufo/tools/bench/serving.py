@@ -10,14 +10,15 @@ and is sent with `cache_prompt: false`, so no request reuses another's KV; in sh
 prompt starts with the same `shared_prefix_words` words instead and asks the server to reuse cached
 prefixes, which measures the prefix cache (the report sums the cached tokens the server reports).
 
-Every streamed chunk is timed. Inter-token latency is per token: a chunk that carries k tokens after a
-gap g counts as k latencies of g/k, k counted with `token_counter` (the tokens of the text so far, less
-those before the chunk), or 1 per chunk without one. Completion tokens come from the stream's usage,
-else from `token_counter`. Greedy parity: a fixed set of requests runs once one at a time (this also
-warms the server up) and once more under each load point, as many of them as the point sends at once
-(up to `parity` of them, the rest of the point's requests then other prompts, so the checked ones still
-run among as many); the SHA-256 of each checked text must match. The result holds no prompt,
-generated text, URL or host name.
+Every streamed chunk is timed; a reply that ends before any text (end-of-generation first) counts its end
+as its first token and has no inter-token latency. Inter-token latency is per token: a chunk that
+carries k tokens after a gap g counts as k latencies of g/k, k counted with `token_counter` (the tokens
+of the text so far, less those before the chunk), or 1 per chunk without one. Completion tokens come
+from the stream's usage, else from `token_counter`. Greedy parity: a fixed set of requests runs once
+one at a time (this also warms the server up) and once more under each load point, as many of them as
+the point sends at once (up to `parity` of them, the rest of the point's requests then other prompts,
+so the checked ones still run among as many); the SHA-256 of each checked text must match. The result
+holds no prompt, generated text, URL or host name.
 """
 
 from __future__ import annotations
@@ -152,23 +153,22 @@ class Client:
             if text:
                 chunk_times.append(time.perf_counter() - started)
                 texts.append(text)
-        if not chunk_times:
-            raise GufoError("a stream ended without text")
+        end = time.perf_counter() - started
         text = "".join(texts)
         completion_tokens = usage.get("completion_tokens")
         if completion_tokens is None:
             if self.token_counter is None:
                 raise GufoError("the stream has no usage: pass --tokenizer to count its tokens")
             completion_tokens = self.token_counter(text)
-        return Sample(
-            ttft=chunk_times[0],
+        return Sample(  # a reply without text (end-of-generation first) has its end as its first token
+            ttft=chunk_times[0] if chunk_times else end,
             chunk_times=chunk_times,
             chunk_tokens=self._chunk_tokens(texts),
             prompt_tokens=usage.get("prompt_tokens"),
             cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
             completion_tokens=completion_tokens,
             text_sha256=hashlib.sha256(text.encode()).hexdigest(),
-            end=time.perf_counter() - started,
+            end=end,
         )
 
     def _chunk_tokens(self, texts: list[str]) -> list[int]:
