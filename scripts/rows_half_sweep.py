@@ -1,15 +1,16 @@
 """Launch shapes of the float16 decode rows (`rows_half.rows_f16`, `--row-products f16`): microseconds per
-product of M = 1, 16, 32 and 64 rows on Qwen3-8B's shapes for each candidate (BLOCK_M, BLOCK_N, STEP,
-num_warps) and each activation dtype the kernel reads (float32, converted in the kernel as the engine
+product of M = 1..512 rows on Qwen3-8B's shapes for each candidate (BLOCK_M, BLOCK_N, STEP, num_warps,
+num_stages) and each activation dtype the kernel reads (float32, converted in the kernel as the engine
 runs it today; or float16, rounded before the launch in one pass: the same float16 values, half the
-bytes each weight tile's program reads), with a check per candidate that rows in products of 1, 16 and
-64 rows are bit for bit alike.
+bytes each weight tile's program reads), next to cuBLAS on the same float16 operands (what prefill
+runs: the speed a batch-invariant tile would have to approach to take prefill too), with a check per
+candidate that rows in products of 1, 16 and 64 rows are bit for bit alike.
 
 Why: past 16 rows the route's step grows ~0.21 ms a row on the 8B file (docs/decisions.md, "Float16 decode
 rows"), while the weight bytes it reads do not change; every program of an output tile reads the rows'
 activations again for each weight tile, in float32, twice the weight tile's bytes at BLOCK_N = 64.
 
-    python scripts/rows_half_sweep.py --json rows_half_sweep.json     # a GPU, about 2 minutes
+    python scripts/rows_half_sweep.py --json rows_half_sweep.json     # a GPU, a few minutes
     python scripts/rows_half_sweep.py --device cpu --tiny              # smoke check: the interpreter
 
 Weights: random valid Q4_K blocks dequantized to float16 as `TritonLinear.prepare` does, several copies
@@ -30,12 +31,21 @@ from gemv_bandwidth import copies_for, median_seconds, random_weight, use_device
 
 SHAPES = [(4096, 4096), (12288, 4096), (4096, 12288), (151936, 4096)]  # (N, K)
 TINY_SHAPES = [(72, 512)]
-ROWS = [1, 16, 32, 64]
+ROWS = [1, 16, 32, 64, 256, 512]
 TINY_ROWS = [1, 16]
-# (BLOCK_M, BLOCK_N, STEP, num_warps): the kernel as it runs (64, 64, 128, 4), the 16-row tile before it,
-# and wider output tiles, which read the activations once for more weight rows
-CANDIDATES = [(64, 64, 128, 4), (16, 64, 128, 4), (64, 128, 64, 4), (64, 128, 64, 8), (64, 256, 64, 8)]
-TINY_CANDIDATES = [(64, 64, 128, 4), (16, 64, 128, 4)]
+# (BLOCK_M, BLOCK_N, STEP, num_warps, num_stages): the kernel as it runs (64, 64, 128, 4, Triton's default
+# 3), the 16-row tile before it, wider output tiles (the activations read once for more weight rows), and
+# deeper pipelines and taller tiles, GEMM-like, for many rows
+CANDIDATES = [
+    (64, 64, 128, 4, 3),
+    (16, 64, 128, 4, 3),
+    (64, 128, 64, 4, 3),
+    (64, 128, 64, 8, 3),
+    (64, 256, 64, 8, 3),
+    (64, 128, 64, 4, 4),
+    (128, 128, 64, 8, 3),
+]
+TINY_CANDIDATES = [(64, 64, 128, 4, 3), (16, 64, 128, 4, 3)]
 REP_MS = 10
 
 
@@ -47,7 +57,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def product(x: Any, weight: Any, candidate: tuple[int, int, int, int]) -> Any:
+def product(x: Any, weight: Any, candidate: tuple[int, int, int, int, int]) -> Any:
     """x [M, K] (float32 or float16) @ W^T on rows_f16 with the candidate's launch shape, split-K partials
     summed as `launch.gemv` sums them."""
     import torch
@@ -55,7 +65,7 @@ def product(x: Any, weight: Any, candidate: tuple[int, int, int, int]) -> Any:
 
     from gufo.kernels.triton import launch, rows_half
 
-    block_m, block_n, step, warps = candidate
+    block_m, block_n, step, warps, stages = candidate
     m, k = x.shape
     n = weight.shape[0]
     n_steps = triton.cdiv(k, step)
@@ -65,7 +75,7 @@ def product(x: Any, weight: Any, candidate: tuple[int, int, int, int]) -> Any:
     out = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     rows_half.rows_f16[(triton.cdiv(m, block_m), grid_n, splits)](
         x, weight, out, m, n, k, x.stride(0), n_steps, per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, PDL=False, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, STEP=step, PDL=False, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out[0] if splits == 1 else out.sum(0)
 
@@ -80,8 +90,15 @@ def shape_rows(n: int, k: int, device: str, row_counts: list[int], candidates: l
     dense = TritonLinear(KernelOptions(row_products="f16")).prepare(info, torch.device(device)).planes[0]
     copies = copies_for(dense.numel() * 2) if device == "cuda" else 1
     weights = [dense] + [dense.clone() for _ in range(copies - 1)]
-    x = torch.randn(max(row_counts + [64]), k, generator=torch.Generator().manual_seed(0)).to(device)
+    x = torch.randn(max([*row_counts, 64]), k, generator=torch.Generator().manual_seed(0)).to(device)
     timings, checks = [], []
+    for m in row_counts if device == "cuda" else ():  # cuBLAS on the float16 rows: prefill's product
+        rows = x[:m].half()
+        seconds = median_seconds([lambda w=w, r=rows: r @ w.T for w in weights], device, REP_MS)
+        row = {"N": n, "K": k, "M": m, "tile": "cublas", "x": "float16", "us": seconds * 1e6,
+               "weight_gbps": dense.numel() * 2 / seconds / 1e9}  # fmt: skip
+        print(json.dumps(row), flush=True)
+        timings.append(row)
     for candidate in candidates:
         for dtype in (torch.float32, torch.float16):
             for m in row_counts:
