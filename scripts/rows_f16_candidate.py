@@ -103,9 +103,8 @@ def product(rows: Any, weight: Any, tile: tuple[int, int, int]) -> Any:
     m, k = rows.values.shape
     n = weight.shape[0]
     n_steps = k // 256
-    splits = launch._splits(rows.values.device, triton.cdiv(n, launch.TENSOR_TILES[weight.qtype][0]), n_steps)
-    per_split = triton.cdiv(n_steps, splits)
-    splits = triton.cdiv(n_steps, per_split)
+    tiles = launch.tensor_split_tiles(weight.qtype, n)
+    per_split, splits = launch.split_ranges(launch._splits(rows.values.device, tiles, n_steps), n_steps)
     out = torch.empty(splits, m, n, dtype=torch.float32, device=rows.values.device)
     grid = (triton.cdiv(n, block_n), splits, triton.cdiv(m, block_m))
     d, dmin, scales, qs = weight.planes

@@ -70,8 +70,7 @@ def product(x: Any, weight: Any, candidate: tuple[int, int, int, int, int]) -> A
     n = weight.shape[0]
     n_steps = triton.cdiv(k, step)
     grid_n = triton.cdiv(n, block_n)
-    per_split = triton.cdiv(n_steps, launch._splits(x.device, grid_n, n_steps))
-    splits = triton.cdiv(n_steps, per_split)
+    per_split, splits = launch.split_ranges(launch._splits(x.device, grid_n, n_steps), n_steps)
     out = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     rows_half.rows_f16[(triton.cdiv(m, block_m), grid_n, splits)](
         x, weight, out, m, n, k, x.stride(0), n_steps, per_split,

@@ -67,11 +67,15 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
             return reused
         return max((at for s, at in self.saved if s == slot and at <= reused), default=0)
 
-    def saved_within(self, slot: int, prompt: Sequence[int]) -> list[tuple[int, int]]:
-        """(length, slot) of the states saved by slots other than `slot` after a reusable prefix of
-        `prompt`: the prefixes another slot can hand over (`Engine.copy_prefix` with `resumed`)."""
-        reusable = {s: self.reusable(s, prompt) for s in range(len(self.tokens)) if s != slot}
-        return [(at, s) for s, at in self.saved if s != slot and at <= reusable[s]]
+    def copy_source(self, slot: int, prompt: Sequence[int]) -> tuple[int, int | None]:
+        """(length, source): the longest prefix of `prompt` that a slot other than `slot` can hand over
+        (`Engine.copy_prefix`): a reusable prefix where the cache is KV only, else one the source saved
+        its state after ((0, None): none)."""
+        others = [s for s in range(len(self.tokens)) if s != slot]
+        reusable = {s: self.reusable(s, prompt) for s in others}
+        if self.engine.rewindable:
+            return max(((length, s) for s, length in reusable.items()), default=(0, None))
+        return max(((at, s) for s, at in self.saved if s != slot and at <= reusable[s]), default=(0, None))
 
     def resumed(self, slot: int, length: int) -> list[torch.Tensor]:
         """The state `slot` saved after its first `length` tokens, now the most recently used."""
@@ -108,14 +112,17 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         prompt is prefilled in, with or without a cached prefix, however many prompts share a step."""
         return prompt[position : (position // self.chunk + 1) * self.chunk]
 
-    def prefilled_chunk(self, slot: int, chunk: Sequence[int], prompt_ends: bool) -> None:
-        """The slot's prefill ran `chunk` after what it held (its prompt's last when `prompt_ends`); its
-        state is saved at a multiple of `chunk` and, where prefill is batch-invariant, at a prompt's end."""
+    def prefill_chunk(self, slot: int, chunk: Sequence[int], start: int, prompt_ends: bool) -> torch.Tensor:
+        """Prefill `chunk` (`next_chunk`) at `start` of `slot`, after what it holds (its prompt's last
+        when `prompt_ends`): the last token's logits. The slot's state is saved at a multiple of `chunk`
+        and, where prefill is batch-invariant, at a prompt's end."""
+        logits = self.engine.prefill(chunk, slot, start=start)
         self.tokens[slot].extend(chunk)
         length = self.prefilled[slot] = len(self.tokens[slot])
         at_end = prompt_ends and self.engine.invariant_prefill
         if self.state_checkpoints and (length % self.chunk == 0 or at_end):
             self.save_state(slot, length)
+        return logits
 
     def fed(self, slot: int, tokens: Sequence[int]) -> None:
         """Decode steps ran `tokens` on the slot after what it held."""
@@ -145,9 +152,8 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         try:
             while position < len(prompt):
                 chunk = self.next_chunk(prompt, position)
-                logits = self.engine.prefill(chunk, slot, start=position)
+                logits = self.prefill_chunk(slot, chunk, position, position + len(chunk) == len(prompt))
                 position += len(chunk)
-                self.prefilled_chunk(slot, chunk, position == len(prompt))
         except BaseException:  # a chunk cut short leaves the slot's state unknown
             self.truncate(slot, 0)
             raise

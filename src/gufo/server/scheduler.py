@@ -319,11 +319,7 @@ class Scheduler:
         if not job.cache_prompt:
             return
         prompt, cache = job.prompt_ids, self.prompt_cache
-        if self.engine.rewindable:
-            others = [s for s in range(self.n_slots) if s != job.slot]
-            length, source = max(((cache.reusable(s, prompt), s) for s in others), default=(0, None))
-        else:
-            length, source = max(cache.saved_within(job.slot, prompt), default=(0, None))
+        length, source = cache.copy_source(job.slot, prompt)
         if length <= job.prefilled:
             return
         state = None if self.engine.rewindable else cache.resumed(source, length)
@@ -469,10 +465,10 @@ class Scheduler:
 
     def _prefill_chunk(self, job: Job, chunk: Sequence[int]) -> None:
         """Prefill the job's next chunk (`PromptCache.next_chunk`); its first token at the prompt's end."""
-        logits = self.engine.prefill(chunk, job.slot, start=job.prefilled)
+        ends = job.prefilled + len(chunk) == len(job.prompt_ids)
+        logits = self.prompt_cache.prefill_chunk(job.slot, chunk, job.prefilled, ends)
         job.prefilled += len(chunk)
-        self.prompt_cache.prefilled_chunk(job.slot, chunk, job.prefilled == len(job.prompt_ids))
-        if job.prefilled == len(job.prompt_ids):
+        if ends:
             self._sample(job, logits)
 
     def _speculate(self, job: Job) -> None:

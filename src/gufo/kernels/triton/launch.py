@@ -100,6 +100,12 @@ def _splits(device: torch.device, tiles: int, n_steps: int) -> int:
     return max(1, min(n_steps, MAX_SPLITS, 2 * _multiprocessors(device) // tiles))
 
 
+def split_ranges(splits: int, n_steps: int) -> tuple[int, int]:
+    """(K steps per split, splits) for about `splits` ranges of `n_steps` steps, none of them empty."""
+    per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
+    return per_split, triton.cdiv(n_steps, per_split)
+
+
 @dataclass(frozen=True)
 class VectorConfig:
     block_n: int  # output rows per program
@@ -344,8 +350,7 @@ def gemv(
     n_steps = triton.cdiv(k, step)
     if splits is None:  # indexed: one expert's split, whatever the assignments (batch invariance)
         splits = _splits(x.device, tensor_split_tiles(weight.qtype, n) if tensor else grid_n, n_steps)
-    per_split = triton.cdiv(n_steps, max(1, min(splits, n_steps)))
-    splits = triton.cdiv(n_steps, per_split)  # no empty ranges
+    per_split, splits = split_ranges(splits, n_steps)
     out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
     if m and half:
         grid = (grid_m, grid_n, splits)  # the row tiles of an output tile side by side (rows_half.py)
