@@ -10,6 +10,7 @@ import torch
 from gufo.engine.graphs import rows
 from gufo.engine.graphs.decode import GraphDecoder
 from gufo.gguf.model_file import open_model_file
+from gufo.kernels.kv_pages import TRASH_PAGE
 from gufo.models.registry import build_model
 from tests.engine.tiny_model import write_tiny_model
 
@@ -49,15 +50,15 @@ def test_the_scratch_slot_is_past_the_sessions(tmp_path):
     model = build_model(open_model_file(write_tiny_model(tmp_path / "tiny.gguf")), "torch")
     cache = model.new_cache(3, 16, scratch=True)
     assert cache.n_slots == 3 and cache.scratch_slot == 3
-    assert all(k.shape[0] == 4 for k in cache.keys)
+    assert cache.table.shape[0] == 4 and cache.held[3] == []  # its writes go to the trash page
     assert model.new_cache(3, 16).scratch_slot is None
 
 
 @torch.inference_mode()
 def test_a_padded_step_leaves_the_sessions_as_their_own_steps(tmp_path):
     """18 sequences step in the 32-row bucket (14 padding rows): each row its own eager step's logits,
-    each slot's KV entries the eager ones and nothing past them; the padding wrote the scratch slot's
-    first entry only."""
+    each slot's KV entries the eager ones and nothing past them in its pages; the padding (the scratch
+    slot, at position 0) wrote the trash page's first entry only."""
     model = build_model(open_model_file(write_tiny_model(tmp_path / "tiny.gguf")), "torch")
     n = 18
     eager_cache, rows_cache = model.new_cache(n, 32), model.new_cache(n, 32, scratch=True)
@@ -74,9 +75,10 @@ def test_a_padded_step_leaves_the_sessions_as_their_own_steps(tmp_path):
     for row, (token, position, slot) in enumerate(zip(tokens, positions, order, strict=True)):
         eager = model.forward(torch.tensor([token]), eager_cache, slot, position)[-1]
         torch.testing.assert_close(got[row], eager, rtol=1e-5, atol=1e-5)
-    for eager_keys, rows_keys in zip(eager_cache.keys, rows_cache.keys, strict=True):
+    for layer, rows_keys in enumerate(rows_cache.keys):
         for slot, prompt in prompts.items():
             length = len(prompt) + 1
-            torch.testing.assert_close(rows_keys[slot, :, :length], eager_keys[slot, :, :length])
-            assert not rows_keys[slot, :, length:].any()
-        assert rows_keys[n, :, 0].any() and not rows_keys[n, :, 1:].any()
+            got, _ = rows_cache.entries(layer, slot, rows_cache.page_size)
+            torch.testing.assert_close(got[:, :length], eager_cache.entries(layer, slot, length)[0])
+            assert not got[:, length:].any()
+        assert rows_keys[:, TRASH_PAGE, 0].any() and not rows_keys[:, TRASH_PAGE, 1:].any()

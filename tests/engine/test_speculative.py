@@ -51,7 +51,8 @@ def test_verification_logits_equal_decode_logits(real_engine):
 
 
 def cache_prefix(engine: Engine, length: int) -> list[torch.Tensor]:
-    return [t[0, :, :length].clone() for t in (*engine.cache.keys, *engine.cache.values)]
+    cache = engine.cache
+    return [t.clone() for layer in range(len(cache.keys)) for t in cache.entries(layer, 0, length)]
 
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "tiny-gemma3-window"])

@@ -108,12 +108,21 @@ def build(tmp_path, case: str, qtypes: dict | None = None):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_layer_matches_torch_layer(tmp_path, case):
     """Positions 0..CONTEXT-1 one at a time in slot 1 of 2: every layer's output and the cache it wrote
-    must match the torch layer fed the same input (windowed and global layers, GQA, partial RoPE)."""
+    must match the torch layer fed the same input (windowed and global layers, GQA, partial RoPE), its
+    slot's pages in reverse order against the torch layer's in order."""
     model = build(tmp_path, case)
     cfg = model.config
     fused = CpuDecodeLayer.prepare([layer.spec() for layer in model.layers])
     assert fused is not None and model.decode_route.name == "cpu:cpu-fused-layer"
-    caches = [KVCache(cfg.n_layers, 2, cfg.n_kv_heads, CONTEXT, cfg.key_dim, cfg.value_dim) for _ in range(2)]
+    caches = [
+        KVCache(cfg.n_layers, 2, cfg.n_kv_heads, CONTEXT, cfg.key_dim, cfg.value_dim, page_size=4)
+        for _ in range(2)
+    ]
+    for cache in caches:
+        cache.reserve(1, 0, CONTEXT)
+    held = caches[1].held[1]
+    held.reverse()  # the fused layer's slot holds its pages in reverse order: it must follow the table
+    caches[1].table[1, : len(held)] = torch.tensor(held)
     gen = torch.Generator().manual_seed(7)
     for pos in range(CONTEXT):
         x = torch.randn(1, cfg.n_embd, generator=gen) * 2
@@ -126,8 +135,9 @@ def test_fused_layer_matches_torch_layer(tmp_path, case):
             # Same int8 products and norms; only attention's summation order differs (seen: ~1e-6)
             assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max()), (pos, index)
             x = want
-    for kind in ("keys", "values"):
-        for want, got in zip(getattr(caches[0], kind), getattr(caches[1], kind), strict=True):
+    for layer in range(cfg.n_layers):
+        written = zip(caches[0].entries(layer, 1, CONTEXT), caches[1].entries(layer, 1, CONTEXT), strict=True)
+        for want, got in written:
             assert float((want - got).abs().max()) < 1e-4 * float(want.abs().max())
 
 

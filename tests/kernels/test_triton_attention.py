@@ -11,11 +11,14 @@ import torch
 from triton_interpreter import interpreter_tests
 
 from gufo.kernels import registry
-from gufo.kernels.attention import ReferenceAttentionDecode, decode_span
+from gufo.kernels.attention import ReferenceAttentionDecode, attend_entries
 from gufo.kernels.catalog import register_all
 from gufo.kernels.contracts import ATTENTION_DECODE
+from gufo.kernels.kv_pages import KVPages
 
 pytest.importorskip("triton")
+
+from kv_paging import paged  # noqa: E402
 
 from gufo.kernels.triton import attention as attention_kernels  # noqa: E402  (needs triton)
 from gufo.kernels.triton import gemv_int8  # noqa: E402
@@ -27,7 +30,7 @@ DECODE = TritonAttentionDecode(LAUNCH)
 
 # (query heads, KV heads, head dim, cache entries given, query positions, window): SmolLM2's, gemma3's
 # (sliding window) and qwen3's head layouts; positions below the cache length (a captured graph's
-# case); several tokens in one launch, around a SPAN_STEP boundary (speculative verification)
+# case); several tokens in one launch (speculative verification)
 SHAPES = [
     (9, 3, 64, 40, (39,), None),
     (4, 1, 256, 70, (69,), 16),
@@ -37,79 +40,99 @@ SHAPES = [
     (9, 3, 64, 600, (250, 255, 256, 257, 300), None),
     (4, 1, 256, 600, (254, 255, 256, 511, 512), 16),
 ]
+PAGES = (16, 64)  # positions per page: shorter than a key tile (a tile spans pages), and the cache's
 FLOAT32_TOL = {"rtol": 1e-5, "atol": 1e-5}
 FEWER_PROGRAMS = 16  # per token: 2, 5 and 16 ranges per KV head on SHAPES 2, 5 and 6
 
 
 def decode_inputs(shape: tuple, cache_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """q [T, H, D], keys and values (strided views of a longer cache) and the positions of a SHAPES row."""
+    """q [T, H, D], one slot's keys and values [Hkv, entries, D] and the positions of a SHAPES row."""
     heads, kv_heads, dim, entries, positions, window = shape
     gen = torch.Generator().manual_seed(entries * heads)
     q = torch.randn(len(positions), heads, dim, generator=gen)
-    keys = torch.randn(kv_heads, entries + 5, dim, generator=gen).to(cache_dtype)[:, :entries]
-    values = torch.randn(kv_heads, entries + 5, dim, generator=gen).to(cache_dtype)[:, :entries]
+    keys = torch.randn(kv_heads, entries, dim, generator=gen).to(cache_dtype)
+    values = torch.randn(kv_heads, entries, dim, generator=gen).to(cache_dtype)
     if len(positions) == 1:
         keys[:, positions[0] + 1 :] = 3e4  # stale entries past the position must not count
         values[:, positions[0] + 1 :] = -3e4
     return q, keys, values, torch.tensor(positions)
 
 
-def check_decode(shape: tuple, cache_dtype: torch.dtype, programs: int, device: str = "cpu") -> None:
-    """Against the float64 reference; and each token of a several-token launch gives exactly what it
-    gives alone over the cache prefix its one-token step reads (`decode_span`)."""
+def check_decode(
+    shape: tuple, cache_dtype: torch.dtype, programs: int, device: str = "cpu", page_size: int = 64
+) -> None:
+    """Against the float64 reference over the slot's entries in order; each token of a several-token
+    launch gives exactly what it gives alone, and the same bits whatever pages hold the entries."""
     heads, kv_heads, dim, entries, positions, window = shape
     q, keys, values, at = decode_inputs(shape, cache_dtype)
-    want = ReferenceAttentionDecode.apply(q.double(), keys.double(), values.double(), at, dim**-0.5, window)
-    q, keys, values, at = q.to(device), keys.to(device), values.to(device), at.to(device)
-    got = DECODE.apply(q, keys, values, at, dim**-0.5, window, programs=programs)
+    want = attend_entries(q.double(), keys.double(), values.double(), at, dim**-0.5, window)
+    q, at = q.to(device), at.to(device)
+    pages = paged(keys[None].to(device), values[None].to(device), page_size, seed=entries)
+    got = DECODE.apply(q, pages, at, 0, dim**-0.5, window, programs=programs)
     assert got.shape == (len(positions), heads * dim) and got.dtype == torch.float32
     torch.testing.assert_close(got.double().cpu(), want, **FLOAT32_TOL)
-    for i, position in enumerate(positions):
-        span = decode_span(position, entries)
-        one = (q[i : i + 1], keys[:, :span], values[:, :span], at[i : i + 1], dim**-0.5, window)
-        alone = DECODE.apply(*one, programs=programs)
+    elsewhere = paged(keys[None].to(device), values[None].to(device), page_size, seed=entries + 1)
+    assert torch.equal(DECODE.apply(q, elsewhere, at, 0, dim**-0.5, window, programs=programs), got)
+    for i in range(len(positions)):
+        alone = DECODE.apply(q[i : i + 1], pages, at[i : i + 1], 0, dim**-0.5, window, programs=programs)
         assert torch.equal(alone[0], got[i]), (shape, i)
 
 
 def check_int8_output(shape: tuple, device: str = "cpu", programs: int = FEWER_PROGRAMS) -> None:
     """With `int8` (the output projection's input, quantized as the combine kernel writes it): bit for
     bit the float output through the separate quantizer, itself bit for bit the torch oracle."""
-    args = [t.to(device) for t in decode_inputs(shape, torch.float16)] + [shape[2] ** -0.5, shape[5]]
+    q, keys, values, at = (t.to(device) for t in decode_inputs(shape, torch.float16))
+    args = (q, paged(keys[None], values[None], 64, seed=1), at, 0, shape[2] ** -0.5, shape[5])
     plain = DECODE.apply(*args, programs=programs)
     fused = DECODE.apply(*args, True, programs=programs)
     for mine, oracle in zip(fused, gemv_int8.quantize_rows(plain, LAUNCH), strict=True):
         assert torch.equal(mine, oracle)
 
 
-def check_slots(device: str = "cpu", programs: int = FEWER_PROGRAMS) -> None:
-    """One launch over a whole-layer cache [slots, Hkv, ctx, D], token t reading slot slots[t] (a step
-    of several sequences): each token bit for bit what it gives alone over its own slot's cache, and
-    close to the float64 reference; plain and as int8 rows."""
+def check_slots(device: str = "cpu", programs: int = FEWER_PROGRAMS, page_size: int = 16) -> None:
+    """One launch over the pages of four slots, token t reading slot slots[t] (a step of several
+    sequences): each token bit for bit what it gives alone, and close to the float64 reference over its
+    own slot's entries in order; plain and as int8 rows."""
     heads, kv_heads, dim, entries = 9, 3, 64, 300
     gen = torch.Generator().manual_seed(5)
     cache = [torch.randn(4, kv_heads, entries, dim, generator=gen).half().to(device) for _ in range(2)]
+    pages = paged(*cache, page_size, seed=3)
     slots, positions = torch.tensor([2, 0, 3]), torch.tensor([299, 10, 150])
     q = torch.randn(3, heads, dim, generator=gen).to(device)
     at, rows = positions.to(device), slots.to(device)
-    got = DECODE.apply(q, *cache, at, dim**-0.5, None, slots=rows, programs=programs)
-    want = ReferenceAttentionDecode.apply(q.double().cpu(), *(c.double().cpu() for c in cache), positions,
-                                          dim**-0.5, None, slots=slots)  # fmt: skip
-    torch.testing.assert_close(got.double().cpu(), want, **FLOAT32_TOL)
-    quantized = DECODE.apply(q, *cache, at, dim**-0.5, None, True, rows, programs=programs)
+    got = DECODE.apply(q, pages, at, rows, dim**-0.5, None, programs=programs)
     for t, slot in enumerate(slots.tolist()):
-        one = (q[t : t + 1], cache[0][slot], cache[1][slot], at[t : t + 1], dim**-0.5, None)
+        own = (c[slot].double().cpu() for c in cache)
+        want = attend_entries(q[t : t + 1].double().cpu(), *own, positions[t : t + 1], dim**-0.5, None)
+        torch.testing.assert_close(got[t : t + 1].double().cpu(), want, **FLOAT32_TOL)
+    quantized = DECODE.apply(q, pages, at, rows, dim**-0.5, None, True, programs=programs)
+    for t, slot in enumerate(slots.tolist()):
+        one = (q[t : t + 1], pages, at[t : t + 1], slot, dim**-0.5, None)
         assert torch.equal(DECODE.apply(*one, programs=programs)[0], got[t]), t
         alone = DECODE.apply(*one, True, programs=programs)
         for mine, oracle in zip(quantized, alone, strict=True):
             assert torch.equal(mine[t], oracle[0]), t
 
 
+def test_reference_reads_each_slot_through_its_pages():
+    """The torch reference (the CPU's decode attention) over shuffled pages of two slots equals the
+    float64 attention over each slot's entries in order."""
+    gen = torch.Generator().manual_seed(2)
+    cache = [torch.randn(2, 2, 50, 16, generator=gen).double() for _ in range(2)]
+    pages = paged(*cache, 16, seed=4)
+    q, positions = torch.randn(2, 4, 16, generator=gen).double(), torch.tensor([49, 17])
+    got = ReferenceAttentionDecode.apply(q, pages, positions, torch.tensor([1, 0]), 0.25, None)
+    for t, slot in enumerate((1, 0)):
+        want = attend_entries(q[t : t + 1], cache[0][slot], cache[1][slot], positions[t : t + 1], 0.25, None)
+        torch.testing.assert_close(got[t : t + 1], want)
+
+
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases: dict[str, Callable[[], None]] = {"slots": check_slots}
     for shape in SHAPES:
-        for programs in (1, 64):  # one range per KV head, and several (split, then combined)
-            name = f"{shape}-float16-p{programs}".replace(" ", "")
-            cases[name] = lambda s=shape, p=programs: check_decode(s, torch.float16, p)
+        for programs, page_size in ((1, 64), (64, 16)):  # one range per KV head, and several (combined)
+            name = f"{shape}-float16-p{programs}-page{page_size}".replace(" ", "")
+            cases[name] = lambda s=shape, p=programs, g=page_size: check_decode(s, torch.float16, p, "cpu", g)
     # on the layouts that differ most (several tokens across a span boundary, a sliding window, GQA 4:1):
     # more ranges than the combine kernel holds at once (it loops over them), the elementwise products
     # AMD runs instead of tl.dot, and the int8 output; with fewer programs than the cases above (each
@@ -145,27 +168,33 @@ test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 def test_decode_checks_its_operands():
     """Shapes, dtypes and devices are checked before any launch: each mismatch is an error naming it."""
-    q, cache = torch.zeros(1, 4, 64), torch.zeros(2, 16, 64, dtype=torch.float16)
-    index = torch.zeros(1, dtype=torch.int64)
+    q, pool = torch.zeros(1, 4, 64), torch.zeros(2, 3, 16, 64, dtype=torch.float16)
+    table, index = torch.ones(1, 2, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+
+    def pages(keys: torch.Tensor = pool, values: torch.Tensor = pool, rows: torch.Tensor = table) -> KVPages:
+        return KVPages(keys, values, rows)
+
     with pytest.raises(ValueError, match="q: 3 dimensions expected"):
-        DECODE.apply(q[0], cache, cache, index, 0.125, None)
+        DECODE.apply(q[0], pages(), index, 0, 0.125, None)
     with pytest.raises(TypeError, match="keys: dtype float32"):  # the cache is float16 on GPUs
-        DECODE.apply(q, cache.float(), cache, index, 0.125, None)
+        DECODE.apply(q, pages(pool.float()), index, 0, 0.125, None)
     with pytest.raises(TypeError, match="index: dtype int32"):
-        DECODE.apply(q, cache, cache, index.int(), 0.125, None)
+        DECODE.apply(q, pages(), index.int(), 0, 0.125, None)
+    with pytest.raises(TypeError, match="table: dtype int32"):
+        DECODE.apply(q, pages(rows=table.int()), index, 0, 0.125, None)
     with pytest.raises(ValueError, match="index entries \\(one per token\\): 2, expected 1"):
-        DECODE.apply(q, cache, cache, torch.zeros(2, dtype=torch.int64), 0.125, None)
+        DECODE.apply(q, pages(), torch.zeros(2, dtype=torch.int64), 0, 0.125, None)
     with pytest.raises(ValueError, match="keys' head width: 32, expected 64"):
-        DECODE.apply(q, cache[..., :32], cache, index, 0.125, None)
+        DECODE.apply(q, pages(pool[..., :32]), index, 0, 0.125, None)
     with pytest.raises(ValueError, match="4 query heads do not share 3 KV heads evenly"):
-        kv3 = torch.zeros(3, 16, 64, dtype=torch.float16)
-        DECODE.apply(q, kv3, kv3, index, 0.125, None)
+        kv3 = torch.zeros(3, 3, 16, 64, dtype=torch.float16)
+        DECODE.apply(q, pages(kv3, kv3), index, 0, 0.125, None)
     with pytest.raises(ValueError, match="values is on meta, expected cpu"):
-        DECODE.apply(q, cache, cache.to("meta"), index, 0.125, None)
-    with pytest.raises(ValueError, match="keys: 4 dimensions expected"):  # slots: every slot's cache
-        DECODE.apply(q, cache, cache, index, 0.125, None, slots=index)
+        DECODE.apply(q, pages(values=pool.to("meta")), index, 0, 0.125, None)
+    with pytest.raises(ValueError, match="keys: 4 dimensions expected"):
+        DECODE.apply(q, pages(pool[0]), index, 0, 0.125, None)
     with pytest.raises(ValueError, match="slots entries \\(one per token\\): 2, expected 1"):
-        DECODE.apply(q, cache[None], cache[None], index, 0.125, None, slots=torch.zeros(2, dtype=torch.int64))
+        DECODE.apply(q, pages(), index, torch.zeros(2, dtype=torch.int64), 0.125, None)
 
 
 def test_registered_on_cuda_backend():

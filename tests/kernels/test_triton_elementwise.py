@@ -10,10 +10,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from kv_paging import UNUSED, paged
 from triton_interpreter import interpreter_tests
 
 from gufo.kernels import contracts, registry
 from gufo.kernels.catalog import register_all
+from gufo.kernels.kv_pages import TRASH_PAGE
 from gufo.kernels.norm import (
     ReferenceAddRmsNorm,
     ReferenceAttentionHeads,
@@ -130,37 +132,41 @@ def check_attention_heads(
     )
     q_weight, k_weight = (randn(dim, seed=s) for s in (3, 4)) if norm else (None, None)
     entries = torch.full((2, kv_heads, 9 + tokens + 3, dim), 7.0, dtype=torch.float16)
+    context = entries.shape[2]
     args = (q, k, v, q_weight, k_weight, 1e-6, cos, sin, neox)
-    want_entries = entries.clone()
-    want = ReferenceAttentionHeads.apply(*args, *want_entries, positions)
+    want_pages = paged(entries[0][None], entries[1][None], 4, seed=tokens)
+    want = ReferenceAttentionHeads.apply(*args, want_pages, positions, 0)
     on_device = [None if t is None else t.to(device) for t in args[:5]] + [
         1e-6,
         cos.to(device),
         sin.to(device),
         neox,
     ]
-    got_entries = entries.to(device)
-    got = elementwise.TritonAttentionHeads(LAUNCH).apply(*on_device, *got_entries, positions.to(device)).cpu()
+    # another order of pages than the reference's: the kernel must follow the table
+    got_pages = paged(entries[0][None].to(device), entries[1][None].to(device), 4, seed=tokens + 1)
+    got = elementwise.TritonAttentionHeads(LAUNCH).apply(*on_device, got_pages, positions.to(device), 0).cpu()
     torch.testing.assert_close(got, want, **TOL)
-    torch.testing.assert_close(got_entries.cpu(), want_entries, rtol=1e-3, atol=1e-3)
+    got_entries = torch.stack(got_pages.entries(0, context)).cpu()
+    torch.testing.assert_close(got_entries, torch.stack(want_pages.entries(0, context)), rtol=1e-3, atol=1e-3)
     rotate = (
         (lambda x, w: elementwise.TritonRmsNormRope(LAUNCH).apply(x, w, 1e-6, *on_device[6:]))
         if norm
         else (lambda x, w: elementwise.TritonRope(LAUNCH).apply(x, *on_device[6:]))
     )
     assert torch.equal(got, rotate(on_device[0], on_device[3]).cpu())
-    rows = got_entries[:, :, positions.to(device)]
-    assert torch.equal(rows[0], rotate(on_device[1], on_device[4]).transpose(0, 1).half())
-    assert torch.equal(rows[1], on_device[2].transpose(0, 1).half())
-    untouched = torch.ones(entries.shape[2], dtype=torch.bool)
+    rows = got_entries[:, :, positions]
+    assert torch.equal(rows[0], rotate(on_device[1], on_device[4]).transpose(0, 1).half().cpu())
+    assert torch.equal(rows[1], on_device[2].transpose(0, 1).half().cpu())
+    untouched = torch.ones(context, dtype=torch.bool)
     untouched[positions] = False
-    assert torch.equal(got_entries.cpu()[:, :, untouched], entries[:, :, untouched])
+    assert torch.equal(got_entries[:, :, untouched], entries[:, :, untouched])
+    assert bool((got_pages.keys[:, TRASH_PAGE] == UNUSED).all())  # the trash page too
 
 
 def check_attention_heads_slots(device: str = "cpu") -> None:
-    """Tokens of several sequences into a whole-layer cache [slots, Hkv, ctx, D], token t into slot
-    slots[t]: the reference's entries and heads (close), and bit for bit each token alone into its
-    own slot's cache; the other slots and positions untouched."""
+    """Tokens of several sequences into the pages of three slots, token t into slot slots[t]: the
+    reference's entries and heads (close), and bit for bit each token alone into its own slot; the
+    other slots and positions untouched."""
     heads, kv_heads, dim = 6, 2, 48
     rope = Rope(dim, 10000.0, True)
     slots, positions = torch.tensor([2, 0]), torch.tensor([9, 4])
@@ -170,21 +176,23 @@ def check_attention_heads_slots(device: str = "cpu") -> None:
     weights = tuple(randn(dim, seed=s) for s in (3, 4))
     args = (q, k, v, *weights, 1e-6, cos, sin, True)
     entries = torch.full((2, 3, kv_heads, 12, dim), 7.0, dtype=torch.float16)  # keys, values
-    want_entries = entries.clone()
-    want = ReferenceAttentionHeads.apply(*args, *want_entries, positions, slots)
+    want_pages = paged(*entries, 4, seed=1)
+    want = ReferenceAttentionHeads.apply(*args, want_pages, positions, slots)
     heads_kernel = elementwise.TritonAttentionHeads(LAUNCH)
     on_device = [t.to(device) if isinstance(t, torch.Tensor) else t for t in args]
-    got_entries = entries.to(device)
-    got = heads_kernel.apply(*on_device, *got_entries, positions.to(device), slots.to(device))
+    got_pages = paged(*entries.to(device), 4, seed=2)
+    got = heads_kernel.apply(*on_device, got_pages, positions.to(device), slots.to(device))
     torch.testing.assert_close(got.cpu(), want, **TOL)
-    torch.testing.assert_close(got_entries.cpu(), want_entries, rtol=1e-3, atol=1e-3)
-    alone_entries = entries.to(device)
+    for slot in range(3):
+        mine, theirs = torch.stack(got_pages.entries(slot, 12)), torch.stack(want_pages.entries(slot, 12))
+        torch.testing.assert_close(mine.cpu(), theirs, rtol=1e-3, atol=1e-3)
+    alone_pages = paged(*entries.to(device), 4, seed=2)
     for t, slot in enumerate(slots.tolist()):
         one = [x[t : t + 1] for x in on_device[:3]] + on_device[3:6] + [x[t : t + 1] for x in on_device[6:8]]
-        alone = heads_kernel.apply(*one, True, *alone_entries[:, slot], positions[t : t + 1].to(device))
+        alone = heads_kernel.apply(*one, True, alone_pages, positions[t : t + 1].to(device), slot)
         assert torch.equal(alone[0], got[t]), t
-    assert torch.equal(alone_entries, got_entries)
-    assert torch.equal(got_entries.cpu()[:, 1], entries[:, 1])  # a slot no token names
+    assert torch.equal(alone_pages.keys, got_pages.keys) and torch.equal(alone_pages.values, got_pages.values)
+    assert torch.equal(torch.stack(got_pages.entries(1, 12)).cpu(), entries[:, 1])  # a slot no token names
 
 
 def check_int8_outputs(rows: int, width: int, device: str = "cpu") -> None:

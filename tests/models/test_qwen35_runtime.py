@@ -47,7 +47,7 @@ def int8_model_path(tmp_path_factory):
 def state_tensors(engine: Engine, length: int) -> list[torch.Tensor]:
     """The slot-0 cache a continuation reads: KV of positions < length, and the recurrent state."""
     cache = engine.cache
-    kv = [t[0, :, :length].clone() for t in (*cache.keys, *cache.values)]
+    kv = [t.clone() for layer in range(len(cache.keys)) for t in cache.entries(layer, 0, length)]
     return kv + cache.recurrent.save(0)
 
 
@@ -196,8 +196,10 @@ def test_a_step_of_several_sequences_matches_each_alone(model_path):
         states = zip(eager_cache.recurrent.save(slot), rows_cache.recurrent.save(slot), strict=True)
         for eager_state, rows_state in states:
             torch.testing.assert_close(rows_state, eager_state, rtol=1e-5, atol=1e-5)
-        for eager_keys, rows_keys in zip(eager_cache.keys, rows_cache.keys, strict=True):
-            torch.testing.assert_close(rows_keys[slot, :, :length], eager_keys[slot, :, :length])
+        for layer in range(len(eager_cache.keys)):
+            torch.testing.assert_close(
+                rows_cache.entries(layer, slot, length), eager_cache.entries(layer, slot, length)
+            )
 
 
 @torch.inference_mode()
@@ -249,8 +251,13 @@ def test_a_device_position_step_at_zero_starts_the_slot_afresh(model_path, n_tok
 
 def test_only_attention_layers_hold_kv(model_path):
     engine = Engine(model_path, context=64)
-    lengths = [k.shape[2] for k in engine.cache.keys]
-    assert lengths == [0, 64, 0, 64]  # interval 2: layers 1 and 3 are full attention
+    pages = [k.shape[1] for k in engine.cache.keys]
+    assert pages == [
+        0,
+        2,
+        0,
+        2,
+    ]  # interval 2: layers 1 and 3 are full attention (64 positions, the trash page)
     assert sorted(engine.cache.recurrent.conv) == [0, 2]
     assert not engine.rewindable
     assert engine.model.routes()["decode_layer"] == "torch:torch-layer"

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from gufo.engine.engine import Engine
+from gufo.models.kv_cache import KVCache
 from gufo.options import RunOptions
 from gufo.server.run import listen, make_server
 from gufo.server.settings import ServerSettings
@@ -120,3 +121,17 @@ def assert_error(status: int, body: object, expected: int, code: str | None = No
 def reference_engine() -> Engine:
     """gufo's own Engine, apart from any server, for the expected greedy outputs."""
     return load_engine(1)
+
+
+class PageAccounting:
+    """The KV page side of the Engine that a scheduler's stand-in engine keeps: a real paged cache of
+    one-number entries, so the scheduler's admission reads real page counts (pages are taken only where
+    the stand-in reserves them)."""
+
+    context = 512
+
+    def __init__(self, n_slots: int):
+        self.cache = KVCache(1, n_slots, 1, self.context, 1, 1)
+
+    def release_pages(self, slot: int, length: int) -> None:
+        self.cache.release(slot, length)

@@ -19,6 +19,7 @@ import torch
 from gufo.engine.sampling import SamplingParams
 from gufo.server.metrics import Metrics
 from gufo.server.scheduler import FinishEvent, Job, Scheduler
+from tests.server.conftest import PageAccounting
 
 VOCAB, EOG = 40, 0
 
@@ -44,19 +45,21 @@ def greedy_chain(prompt: list[int], max_tokens: int) -> list[int]:
     return out
 
 
-class TokenCache:
-    """The Engine's side the scheduler uses, over a cache of tokens per slot."""
+class TokenCache(PageAccounting):
+    """The Engine's side the scheduler uses, over a cache of tokens per slot (its pages taken as the
+    engine's would be)."""
 
     invariant_prefill = rewindable = True
 
     def __init__(self, n_slots: int):
-        self.cache = SimpleNamespace(n_slots=n_slots)
+        super().__init__(n_slots)
         self.tokenizer = SimpleNamespace(eog_ids=frozenset({EOG}))
         self.slots: list[list[int]] = [[] for _ in range(n_slots)]
 
     def _write(self, slot: int, start: int, tokens: list[int]) -> torch.Tensor:
         held = self.slots[slot]
         assert start <= len(held), f"slot {slot}: writing at {start} past its {len(held)} tokens"
+        self.cache.reserve(slot, start, start + len(tokens))
         self.slots[slot] = held[:start] + tokens
         return torch.tensor(logits_after(self.slots[slot]))
 
@@ -71,6 +74,7 @@ class TokenCache:
 
     def copy_prefix(self, source: int, target: int, length: int, state=None) -> None:
         assert state is None and length <= len(self.slots[source])
+        self.cache.copy_prefix(source, target, length)
         self.slots[target] = self.slots[source][:length]
 
 

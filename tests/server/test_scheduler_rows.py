@@ -17,6 +17,7 @@ from gufo.engine.constraint import TokenConstraint
 from gufo.engine.sampling import SamplingParams
 from gufo.server.metrics import Metrics
 from gufo.server.scheduler import FinishEvent, Job, Scheduler
+from tests.server.conftest import PageAccounting
 
 VOCAB, TOKENS = 50, 4
 
@@ -27,13 +28,13 @@ def row_for(slot: int, position: int) -> torch.Tensor:
     return logits
 
 
-class Logits:
+class Logits(PageAccounting):
     """The Engine's side the scheduler uses, with logits chosen by slot and position."""
 
     invariant_prefill = rewindable = True
 
     def __init__(self, n_slots: int):
-        self.cache = SimpleNamespace(n_slots=n_slots)
+        super().__init__(n_slots)
         self.tokenizer = SimpleNamespace(eog_ids=frozenset())
 
     def prefill(self, tokens, slot: int, start: int = 0) -> torch.Tensor:

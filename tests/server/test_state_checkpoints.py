@@ -45,6 +45,7 @@ class RecurrentCache(TokenCache):
     def copy_prefix(self, source: int, target: int, length: int, state=None) -> None:
         assert state is not None and len(state) == length
         assert tuple(self.slots[source][:length]) == state, "a saved state the source no longer holds"
+        self.cache.copy_prefix(source, target, length)
         self.slots[target] = self.slots[source][:length]
         self.state[target] = state
 

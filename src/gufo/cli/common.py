@@ -298,8 +298,9 @@ def parse_noise() -> tuple[int, float] | None:
         raise BadInputError(f"{NOISE_ENV}: expected LAYER:STD, got {text!r}") from None
 
 
-def make_engine(args: argparse.Namespace, n_slots: int = 1):
-    """The engine the flags ask for (this process's rank of it with --tensor-parallel N)."""
+def make_engine(args: argparse.Namespace, n_slots: int = 1, kv_memory: int | None = None):
+    """The engine the flags ask for (this process's rank of it with --tensor-parallel N); `kv_memory`:
+    bytes of its KV cache (`Engine`'s default when None)."""
     from gufo.parallel.engine import open_engine
 
     if args.threads is not None:
@@ -314,10 +315,22 @@ def make_engine(args: argparse.Namespace, n_slots: int = 1):
             n_slots=n_slots,
             batch_size=args.batch_size,
             progress=progress,
+            kv_memory=kv_memory,
         )
     if args.mlock:
         lock_memory()
     return engine
+
+
+_SIZE_UNITS = {"K": 1000, "M": 1000**2, "G": 1000**3}
+
+
+def byte_size(text: str) -> int:
+    """`500M` -> 500_000_000 bytes (decimal units, as llama.cpp's gguf-split counts)."""
+    match = re.fullmatch(r"([0-9]+)([KMG])", text.strip())
+    if match is None or int(match[1]) == 0:
+        raise argparse.ArgumentTypeError(f"expected a size like 500M or 2G (units K, M, G), got {text!r}")
+    return int(match[1]) * _SIZE_UNITS[match[2]]
 
 
 def parse_id_list(text: str, flag: str) -> list[int]:

@@ -12,6 +12,7 @@ from gufo.cli.common import (
     add_engine_flags,
     add_speculative_flags,
     add_tensor_parallel_flag,
+    byte_size,
     make_engine,
     non_negative_int,
     port_number,
@@ -79,6 +80,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--sessions", type=positive_int, default=1, help="KV slots, i.e. requests served at once (default 1)"
+    )
+    parser.add_argument(
+        "--kv-memory",
+        type=byte_size,
+        default=None,
+        metavar="SIZE",
+        help="memory of the KV cache, e.g. 8G (K, M, G: 1000, 1000^2, 1000^3 bytes): pages of 64 positions "
+        "that the sessions take as their sequences grow and give back as they end, so --sessions x "
+        "--ctx-size may exceed it; a request waits until the pages its prompt and max_tokens need are free, "
+        "and the cached prefixes of finished requests are dropped (least recently used first) to make "
+        "room. At least one --ctx-size sequence (default: every session's whole context, on a GPU at most "
+        "80%% of the memory free after the model loads)",
     )
     parser.add_argument(
         "--max-tokens",
@@ -249,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tensor_parallel > 1:
         preflight(model_file, args.tensor_parallel)  # refused before anything listens
         if launched_rank() != 0:  # only rank 0 listens; the others run its steps
-            return follow(make_engine(args, n_slots=args.sessions))
+            return follow(make_engine(args, n_slots=args.sessions, kv_memory=args.kv_memory))
     from gufo.server.run import listen, serve  # the ASGI stack loads only when serving
 
     sock = listen(args.host, args.port)
@@ -260,6 +273,6 @@ def run(args: argparse.Namespace) -> int:
     def ready() -> None:
         print(f"gufo: ready: {settings.model_id} answers on {url}/v1", file=sys.stderr, flush=True)
 
-    load = lambda: make_engine(args, n_slots=args.sessions)  # noqa: E731
+    load = lambda: make_engine(args, n_slots=args.sessions, kv_memory=args.kv_memory)  # noqa: E731
     serve(settings, load, sock, ready, log_level="info" if args.verbose else "warning")
     return 0

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from gufo.cli.commands import summary
-from gufo.cli.common import positive_int
+from gufo.cli.common import byte_size, positive_int
 from gufo.gguf.aliases import ALIASES, resolve_model
 from gufo.tools.synth.presets import PRESETS, find_preset
 from gufo.tools.synth.type_mix import DYNAMIC_MIXES, MIXES, find_mix
@@ -55,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--split-max-size",
-        type=split_size,
+        type=byte_size,
         default=0,
         metavar="SIZE",
         help="write a split file as llama.cpp's gguf-split does: parts FILE-00001-of-0000N.gguf, ... (FILE "
@@ -79,17 +78,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "convert_hf_to_gguf.py does without --no-mtp (for --speculative mtp)",
     )
     parser.set_defaults(func=run)
-
-
-_SIZE_UNITS = {"K": 1000, "M": 1000**2, "G": 1000**3}
-
-
-def split_size(text: str) -> int:
-    """`500M` -> 500_000_000 bytes: llama.cpp's gguf-split sizes (decimal units)."""
-    match = re.fullmatch(r"([0-9]+)([KMG])", text.strip())
-    if match is None or int(match[1]) == 0:
-        raise argparse.ArgumentTypeError(f"expected a size like 500M or 2G (units K, M, G), got {text!r}")
-    return int(match[1]) * _SIZE_UNITS[match[2]]
 
 
 def run(args: argparse.Namespace) -> int:

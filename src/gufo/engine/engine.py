@@ -18,7 +18,7 @@ from gufo.engine.constraint import TokenConstraint
 from gufo.engine.graphs.chunks import prepared_sizes, replay_size
 from gufo.engine.graphs.rows import EXACT_ROWS
 from gufo.engine.loader import LoadProgress, load_model, open_checked
-from gufo.engine.memory import peak_memory_bytes
+from gufo.engine.memory import default_kv_memory, peak_memory_bytes
 from gufo.engine.sampling import Sampler, SamplingParams
 from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
@@ -107,7 +107,8 @@ class HiddenRows:
 class Engine:
     """One process's model on one device. `gufo.parallel.ShardedEngine` runs a rank of a
     tensor-parallel launch by overriding the steps that touch the model (`forward`, `decode_step`,
-    `snapshot`, `restore`, `copy_prefix`, `set_threads`, `rank_peak_memory`) and the two switches below."""
+    `snapshot`, `restore`, `copy_prefix`, `release_pages`, `set_threads`, `rank_peak_memory`) and the
+    two switches below."""
 
     tensor_parallel = 1  # processes the model is sharded over
     # whether `decode_tokens` may replay one multi-token graph, and `decode_batch` run rows of several
@@ -123,8 +124,10 @@ class Engine:
         n_slots: int = 1,
         batch_size: int = DEFAULT_BATCH,
         progress: LoadProgress | None = None,
+        kv_memory: int | None = None,
     ):
-        """`progress` hears how many tensor bytes the model has read while it loads."""
+        """`progress` hears how many tensor bytes the model has read while it loads. `kv_memory`: bytes
+        of the KV cache's pages (`default_kv_memory` when None)."""
         self.options = options = options or RunOptions()
         self.path, self.file = open_checked(model, options.mmap)
         self.device = self._device(options.device)
@@ -145,7 +148,9 @@ class Engine:
         graphs = options.graphs and self.backend == "cuda" and self.model.graph_capturable
         limit = (route.max_tokens or 1) if route.batch_invariant and self.multi_token_graphs else 1
         layout = {"scratch": True} if graphs and self.batched_rows and limit > EXACT_ROWS else {}
-        self.cache: KVCache = self.model.new_cache(n_slots, self.context, **layout)
+        if kv_memory is None:
+            kv_memory = default_kv_memory(self.device)
+        self.cache: KVCache = self.model.new_cache(n_slots, self.context, memory=kv_memory, **layout)
         # per slot, the recurrent state after each token but the last of the latest `decode_tokens`, in
         # buffers reused from call to call (fresh copies pay page faults each time), and how many are valid
         self._checkpoints: dict[int, list[list[torch.Tensor]]] = {}
@@ -357,6 +362,10 @@ class Engine:
         if not self.rewindable and state is None:
             raise BadInputError("a model with recurrent state copies a prefix only with its saved state")
         self.cache.copy_prefix(source, target, length, state)
+
+    def release_pages(self, slot: int, length: int) -> None:
+        """`KVCache.release`: the slot keeps the pages of its first `length` positions only."""
+        self.cache.release(slot, length)
 
     @torch.inference_mode()
     def save_state(self, slot: int, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:

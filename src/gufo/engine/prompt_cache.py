@@ -96,7 +96,8 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
                 raise
 
     def truncate(self, slot: int, length: int) -> None:
-        """Keep the slot's first `length` cached tokens, and its states saved within them."""
+        """Keep the slot's first `length` cached tokens, their KV pages, and its states saved within them."""
+        self.engine.release_pages(slot, length)
         del self.tokens[slot][length:]
         self.prefilled[slot] = min(self.prefilled[slot], length)
         for key in [(s, at) for s, at in self.saved if s == slot and at > length]:

@@ -1,9 +1,9 @@
 """Attention over the KV cache: "attention_prefill" (several queries) and "attention_decode" (one).
 
-Decode: the query's position lives in a device tensor, so the op can run inside a captured CUDA graph:
-the keys it may see are cache entries 0..index (and, with a sliding window, the last `window` of those)
-among the first `span` entries it is given. The torch references below are the oracles of the GPU
-kernels (`gufo.kernels.triton.attention`).
+Decode reads the KV cache's pages (`gufo.kernels.kv_pages`); the query's position lives in a device
+tensor, so the op can run inside a captured CUDA graph: the keys it may see are its slot's entries
+0..index (and, with a sliding window, the last `window` of those). Prefill takes one slot's entries in
+order. The torch references below are the oracles of the GPU kernels (`gufo.kernels.triton.attention`).
 """
 
 from __future__ import annotations
@@ -18,36 +18,8 @@ from gufo.kernels.contracts import (
     AttentionPrefillKernel,
 )
 from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
+from gufo.kernels.kv_pages import KVPages
 from gufo.kernels.registry import REFERENCE_BACKEND, Registration
-
-SPAN_STEP = 256  # cache entries: decode attention reads a prefix of whole steps
-
-
-def decode_span(position: int, context: int) -> int:
-    """How many cache entries the one-token attention at `position` reads (it masks those past the
-    position): a multiple of SPAN_STEP, so a captured graph serves every position below it, and every
-    decode path reads the same span and splits it the same way (identical numbers)."""
-    return min(context, (position // SPAN_STEP + 1) * SPAN_STEP)
-
-
-def write_entries(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    index: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slots: torch.Tensor | None = None,
-) -> None:
-    """k [T, Hkv, D] and v [T, Hkv, Dv] into a slot's cache keys/values [Hkv, context, D] at positions
-    index ([T] int64, read on the device: capturable in a CUDA graph), in the cache's dtype. With
-    `slots` ([T] int64) keys/values are a layer's whole cache [slots, Hkv, context, D] and token t goes
-    into slot slots[t]."""
-    if slots is None:
-        keys.index_copy_(1, index, k.transpose(0, 1).to(keys.dtype))
-        values.index_copy_(1, index, v.transpose(0, 1).to(values.dtype))
-        return
-    keys[slots, :, index] = k.to(keys.dtype)  # the indexed dims come first: [T, Hkv, D]
-    values[slots, :, index] = v.to(values.dtype)
 
 
 def visible(span: int, index: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -63,42 +35,47 @@ class ReferenceAttentionDecode(AttentionDecodeKernel):
     name = "torch-attention-decode"
 
     @staticmethod
-    def span(position: int, context: int) -> int:
-        """Cache entries a step at `position` reads when no graph is replayed: exactly those it sees."""
-        return position + 1
-
-    @staticmethod
     def apply(
         q: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        pages: KVPages,
         index: torch.Tensor,
+        slots: torch.Tensor | int,
         scale: float,
         window: int | None,
         int8: bool = False,
-        slots: torch.Tensor | None = None,
     ) -> torch.Tensor | Int8Rows:
-        """q [T, H, Dk] at cache positions index ([T] int64); keys/values [Hkv, span, D] (the cache
-        prefix, any dtype: computed in q's). Returns [T, H * Dv] (`int8`: as `Int8Rows`). With `slots`
-        ([T] int64) keys/values are [slots, Hkv, span, D] and token t reads slot slots[t]."""
-        if slots is not None:
-            one = ReferenceAttentionDecode.apply
-            rows = [
-                one(q[t : t + 1], keys[s], values[s], index[t : t + 1], scale, window)
-                for t, s in enumerate(slots.tolist())
-            ]
-            out = torch.cat(rows)
-            return as_int8_rows(out) if int8 else out
-        n_tokens, n_kv, span = q.shape[0], keys.shape[0], keys.shape[1]
-        # [Hkv, T, G, Dk]: the query heads sharing a KV head are adjacent
-        grouped = q.reshape(n_tokens, n_kv, -1, q.shape[-1]).transpose(0, 1)
-        scores = torch.matmul(grouped, keys.to(q.dtype).transpose(1, 2)[:, None]) * scale
-        seen = visible(span, index[:, None], window)  # [T, span]
-        probs = torch.softmax(scores.masked_fill(~seen[:, None], float("-inf")), dim=-1)
-        # entries past the position may hold anything (stale drafts, a NaN-filled test cache): not 0 * NaN
-        values = torch.where(seen[None, :, :, None], values.to(q.dtype)[:, None], 0.0)
-        out = torch.matmul(probs, values).transpose(0, 1).reshape(n_tokens, -1)
+        """q [T, H, Dk] at cache positions index ([T] int64) of slot slots[t] (or the one slot given),
+        each token over exactly the entries 0..index[t] of its slot (any dtype: computed in q's).
+        Returns [T, H * Dv] (`int8`: as `Int8Rows`)."""
+        positions = index.tolist()
+        slot_of = slots.tolist() if isinstance(slots, torch.Tensor) else [slots] * len(positions)
+        rows = []
+        for t, (slot, position) in enumerate(zip(slot_of, positions, strict=True)):
+            keys, values = pages.entries(slot, position + 1)
+            rows.append(attend_entries(q[t : t + 1], keys, values, index[t : t + 1], scale, window))
+        out = torch.cat(rows)
         return as_int8_rows(out) if int8 else out
+
+
+def attend_entries(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    index: torch.Tensor,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """Decode attention of q [T, H, Dk] at positions index over one slot's entries keys/values [Hkv,
+    span, D] (a token sees those up to its position, within the window): [T, H * Dv] in q's dtype."""
+    n_tokens, n_kv, span = q.shape[0], keys.shape[0], keys.shape[1]
+    # [Hkv, T, G, Dk]: the query heads sharing a KV head are adjacent
+    grouped = q.reshape(n_tokens, n_kv, -1, q.shape[-1]).transpose(0, 1)
+    scores = torch.matmul(grouped, keys.to(q.dtype).transpose(1, 2)[:, None]) * scale
+    seen = visible(span, index[:, None], window)  # [T, span]
+    probs = torch.softmax(scores.masked_fill(~seen[:, None], float("-inf")), dim=-1)
+    # entries past the position may hold anything (stale drafts, a NaN-filled test cache): not 0 * NaN
+    values = torch.where(seen[None, :, :, None], values.to(q.dtype)[:, None], 0.0)
+    return torch.matmul(probs, values).transpose(0, 1).reshape(n_tokens, -1)
 
 
 class ReferenceAttentionPrefill(AttentionPrefillKernel):

@@ -11,7 +11,6 @@ model's classes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -20,6 +19,7 @@ import torch
 from gufo.gguf.model_file import TensorInfo
 from gufo.kernels.expert_groups import ExpertGroups
 from gufo.kernels.int8_rows import Int8Rows
+from gufo.kernels.kv_pages import KVPages
 from gufo.kernels.positions import RowPositions, TokenPositions
 
 KernelType = TypeVar("KernelType", covariant=True)
@@ -134,10 +134,9 @@ class AttentionHeadsKernel(Kernel, Protocol):
         cos: torch.Tensor,
         sin: torch.Tensor,
         neox: bool,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        pages: KVPages,
         index: torch.Tensor,
-        slots: torch.Tensor | None = None,  # token t's slot of a whole-layer cache [slots, Hkv, ctx, D]
+        slots: torch.Tensor | int,  # token t's slot slots[t], or one slot for every token
     ) -> torch.Tensor: ...
 
 
@@ -160,23 +159,15 @@ class AttentionPrefillKernel(Kernel, Protocol):
 
 
 class AttentionDecodeKernel(Kernel, Protocol):
-    # one call takes several tokens, each at its own position (else one call per token)
-    tokens_at_once: bool = False
-
-    def span(self, position: int, context: int) -> int:
-        """How many cache entries a step at `position` reads."""
-        ...
-
     def apply(
         self,
         q: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        pages: KVPages,
         index: torch.Tensor,
+        slots: torch.Tensor | int,  # token t reads slot slots[t] at positions 0..index[t]
         scale: float,
         window: int | None,
         int8: bool = False,
-        slots: torch.Tensor | None = None,  # token t's slot of a whole-layer cache [slots, Hkv, ctx, D]
     ) -> torch.Tensor | Int8Rows: ...
 
 
@@ -278,13 +269,9 @@ class LayerSpec:
 
 
 class KVCacheView(Protocol):
-    """What a decode layer kernel reads of a KV cache: per layer [slots, kv_heads, context, dim]."""
+    """What a decode layer kernel reads of a KV cache: each layer's pages and the slots' table."""
 
-    @property
-    def keys(self) -> Sequence[torch.Tensor]: ...
-
-    @property
-    def values(self) -> Sequence[torch.Tensor]: ...
+    def pages(self, layer: int) -> KVPages: ...
 
     @property
     def context(self) -> int: ...

@@ -69,11 +69,11 @@ def library() -> ctypes.CDLL | None:
                 return None
             os.replace(partial, target)  # atomic: concurrent first runs never load a half-written file
     lib = ctypes.CDLL(str(target))
-    ptr, i32 = ctypes.c_void_p, ctypes.c_int
+    ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.gufo_linear.argtypes = [i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr]
     lib.gufo_linear.restype = i32
     lib.gufo_rms_norm.argtypes = [i32, i32, ptr, ptr, ctypes.c_float, ptr]
-    lib.gufo_decode_layer.argtypes = [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, i32]
+    lib.gufo_decode_layer.argtypes = [ptr, i32, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i32, ptr, ptr, i32]
     return lib
 
 

@@ -234,9 +234,12 @@ class CpuDecodeLayer(DecodeLayerKernel):
         if max(positions) >= cache.context:
             longest = max(positions) + 1
             raise BadInputError(f"sequence of {longest} tokens exceeds the context size {cache.context}")
-        keys, values = cache.keys[index], cache.values[index]
+        pages = cache.pages(index)
+        keys, values, table = pages.keys, pages.values, pages.table
         if keys.dtype != torch.float32 or not (keys.is_contiguous() and values.is_contiguous()):
             raise TypeError("the CPU decode kernel needs a contiguous float32 KV cache")
+        if table.dtype != torch.int64 or not table.is_contiguous():
+            raise TypeError("the CPU decode kernel needs a contiguous int64 page table")
         threads = torch.get_num_threads()  # the C kernel's team: the OpenMP pool torch sized
         if plan.scores.numel() < threads * cache.context:
             plan.scores = torch.empty(threads * cache.context)
@@ -250,8 +253,11 @@ class CpuDecodeLayer(DecodeLayerKernel):
                 out[begin].data_ptr(),
                 cos[begin].data_ptr(),
                 sin[begin].data_ptr(),
-                (_ptr * len(rows))(*(keys[slots[i]].data_ptr() for i in rows)),
-                (_ptr * len(rows))(*(values[slots[i]].data_ptr() for i in rows)),
+                keys.data_ptr(),
+                values.data_ptr(),
+                keys.shape[1],
+                keys.shape[2],
+                (_ptr * len(rows))(*(table[slots[i]].data_ptr() for i in rows)),
                 cache.context,
                 (_i32 * len(rows))(*(positions[i] for i in rows)),
                 plan.scores.data_ptr(),

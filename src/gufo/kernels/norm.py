@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gufo.kernels.attention import write_entries
 from gufo.kernels.contracts import (
     ADD_RMS_NORM,
     ATTENTION_HEADS,
@@ -22,6 +21,7 @@ from gufo.kernels.contracts import (
 )
 from gufo.kernels.cpu_int8 import library
 from gufo.kernels.int8_rows import Int8Rows, as_int8_rows
+from gufo.kernels.kv_pages import KVPages
 from gufo.kernels.pointwise import ReferenceRope
 from gufo.kernels.registry import REFERENCE_BACKEND, Registration
 
@@ -109,21 +109,19 @@ class ReferenceAttentionHeads(AttentionHeadsKernel):
         cos: torch.Tensor,
         sin: torch.Tensor,
         neox: bool,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        pages: KVPages,
         index: torch.Tensor,
-        slots: torch.Tensor | None = None,
+        slots: torch.Tensor | int,
     ) -> torch.Tensor:
-        """q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv]; keys/values: a slot's cache [Hkv, context, D]
-        (any dtype), written at positions index ([T] int64), or with `slots` ([T] int64) a layer's
-        whole cache [slots, Hkv, context, D], token t into slot slots[t]; cos/sin as `ReferenceRope`
-        takes them."""
+        """q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv]; k and v written into the cache pages (any dtype)
+        at positions index ([T] int64) of slot slots[t] (or the one slot given); cos/sin as
+        `ReferenceRope` takes them."""
 
         def rotate(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
             normed = x if weight is None else ReferenceRmsNorm.apply(x, weight, eps)
             return ReferenceRope.apply(normed, cos, sin, neox)
 
-        write_entries(keys, values, index, rotate(k, k_weight), v, slots)
+        pages.write(index, rotate(k, k_weight), v, slots)
         return rotate(q, q_weight)
 
 

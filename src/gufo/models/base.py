@@ -156,12 +156,11 @@ class SelfAttention:
         """Projected q, k, v -> heads, QK norm, RoPE, cached attention: [T, n_heads * value_dim].
         `int8`: the output projection takes `Int8Rows`, which a graph-captured decode step hands it."""
         if isinstance(start_pos, DevicePosition) and self.heads_kernel is not None:
-            rows = start_pos.slots
-            keys, values = cache.entries(layer, slot) if rows is None else cache.layer_entries(layer)
+            pages, slots = cache.pages(layer), slot if start_pos.slots is None else start_pos.slots
             q = self.heads_kernel.apply(*self._shaped(q, k, v), *self._qk_norms(), *rope_tables,
-                                        self.rope.neox, keys, values, start_pos.index, rows)  # fmt: skip
+                                        self.rope.neox, pages, start_pos.index, slots)  # fmt: skip
             decode = self.kernels.decode
-            return attend_written(q, keys, values, start_pos, self.scale, self.window, decode, int8)
+            return attend_written(q, pages, slot, start_pos, self.scale, self.window, decode, int8)
         q, k, v = self.heads(q, k, v, rope_tables)
         return attention(q, k, v, cache, layer, slot, start_pos, self.scale, self.window, self.kernels)
 
@@ -521,7 +520,13 @@ class DecoderModel:
         per_token: bool = False,
     ) -> torch.Tensor:
         """The residual stream after the last layer [T, n_embd] (before the output norm), writing the
-        tokens' KV into `slot` of `cache` as `forward` does."""
+        tokens' KV into `slot` of `cache` as `forward` does. Host positions get their pages here; a
+        pass at device positions writes those its caller reserved (`KVCache.reserve`)."""
+        if isinstance(start_pos, RowPositions):
+            for row_slot, position in zip(start_pos.slots, start_pos.positions, strict=True):
+                cache.reserve(row_slot, position, position + 1)
+        elif not isinstance(start_pos, DevicePosition):
+            cache.reserve(slot, start_pos, start_pos + tokens.shape[0])
         x = self.embed(tokens)
         tables = {rope: self.rope_tables(rope, start_pos, tokens.shape[0], cache) for rope in self.ropes}
         prefill = tokens.shape[0] > 1 and not per_token

@@ -29,6 +29,7 @@ from gufo.kernels.contracts import (
     ProductSpec,
 )
 from gufo.kernels.int8_rows import Int8Rows
+from gufo.kernels.kv_pages import KVPages
 from gufo.kernels.linear_reference import dequantize_tensor, raw_rows
 from gufo.kernels.pointwise import ACTIVATIONS, gelu_tanh  # noqa: F401  (the models' activation names)
 from gufo.kernels.positions import TokenPositions
@@ -324,22 +325,23 @@ def attention(
     window: int | None,
     kernels: AttentionKernels,
 ) -> torch.Tensor:
-    """Causal (optionally sliding-window) GQA attention over the cache after appending k, v.
+    """Causal (optionally sliding-window) GQA attention over the cache after writing k, v there.
 
     q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H * D].
     """
     if isinstance(start_pos, DevicePosition):
-        return _attention_at(q, k, v, cache, layer, slot, start_pos, scale, window, kernels.decode)
+        cache.write(layer, slot, start_pos.index, k, v, start_pos.slots)
+        return attend_written(q, cache.pages(layer), slot, start_pos, scale, window, kernels.decode)
     n_tokens = q.shape[0]
     per_token = isinstance(start_pos, TokenPositions) or n_tokens == 1
     if isinstance(start_pos, TokenPositions):
         start_pos = start_pos.start
-    keys, values = cache.append(layer, slot, start_pos, k, v)
+    cache.append(layer, slot, start_pos, k, v)
     end = start_pos + n_tokens
-    if per_token:  # decode: the one-token op over the cache prefix (it applies the window)
-        indices = torch.arange(start_pos, end, device=q.device)
-        spans = [kernels.decode.span(p, cache.context) for p in range(start_pos, end)]
-        return _decode_rows(kernels.decode, q, keys, values, indices, spans, scale, window).to(q.dtype)
+    if per_token:  # decode: each token the one-token op over its slot's entries (it applies the window)
+        index = torch.arange(start_pos, end, device=q.device)
+        return kernels.decode.apply(q, cache.pages(layer), index, slot, scale, window).to(q.dtype)
+    keys, values = cache.entries(layer, slot, end)
     return attend_cached(q, keys, values, end, scale, window, kernels.prefill)
 
 
@@ -353,71 +355,27 @@ def attend_cached(
     prefill: AttentionPrefillKernel,
 ) -> torch.Tensor:
     """Prefill attention of q ([T, H, D], the tokens at cache positions end - T..end - 1) over a slot's
-    cache entries keys/values ([Hkv, context, D], already holding those tokens): [T, H * Dv]."""
+    cache entries keys/values ([Hkv, end, D], already holding those tokens): [T, H * Dv]."""
     first = 0 if window is None else max(0, end - q.shape[0] - window + 1)
     return prefill.apply(q, keys[:, first:end], values[:, first:end], first, scale, window)
 
 
-def _decode_rows(
-    op: AttentionDecodeKernel,
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    indices: torch.Tensor,
-    spans: list[int],
-    scale: float,
-    window: int | None,
-) -> torch.Tensor:
-    """Each token through the one-token decode op over the first `spans[i]` cache entries: in one launch
-    when the op takes several tokens (it bounds each token's span itself), else token by token."""
-    if op.tokens_at_once:
-        span = max(spans)
-        return op.apply(q, keys[:, :span], values[:, :span], indices, scale, window)
-    rows = [
-        op.apply(q[i : i + 1], keys[:, :span], values[:, :span], indices[i : i + 1], scale, window)
-        for i, span in enumerate(spans)
-    ]
-    return torch.cat(rows)
-
-
-def _attention_at(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache: KVCache,
-    layer: int,
-    slot: int,
-    position: DevicePosition,
-    scale: float,
-    window: int | None,
-    decode: AttentionDecodeKernel,
-) -> torch.Tensor:
-    """Decode attention without host-side positions: the KV writes and the causal/window masks read
-    `position.index` on the device."""
-    keys, values = cache.write(layer, slot, position.index, k, v, position.slots)
-    return attend_written(q, keys, values, position, scale, window, decode)
-
-
 def attend_written(
     q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
+    pages: KVPages,
+    slot: int,
     position: DevicePosition,
     scale: float,
     window: int | None,
     decode: AttentionDecodeKernel,
     int8: bool = False,
 ) -> torch.Tensor | Int8Rows:
-    """Decode attention of q ([T, H, D]) at device positions over a slot's whole cache (keys/values
-    [Hkv, context, D], already holding the tokens' entries; with `position.slots` a layer's whole cache
-    [slots, Hkv, context, D]): each token's span is bounded on the device.
-    `int8`: as `Int8Rows` where the op takes all tokens at once (it quantizes as it writes)."""
-    if position.slots is not None:  # every op that takes device positions takes slots too
-        return decode.apply(q, keys, values, position.index, scale, window, int8, position.slots)
-    if int8 and decode.tokens_at_once:
-        return decode.apply(q, keys, values, position.index, scale, window, True)
-    spans = [keys.shape[1]] * q.shape[0]
-    return _decode_rows(decode, q, keys, values, position.index, spans, scale, window).to(q.dtype)
+    """Decode attention of q ([T, H, D]) at device positions over the cache pages (already holding the
+    tokens' entries) of `slot`, or of each row's slot with `position.slots`: each token's span is bounded
+    on the device. `int8`: as `Int8Rows` (the op quantizes as it writes)."""
+    slots = slot if position.slots is None else position.slots
+    out = decode.apply(q, pages, position.index, slots, scale, window, int8)
+    return out if int8 else out.to(q.dtype)
 
 
 def attention_scale(mf: ModelFile, head_dim: int) -> float:

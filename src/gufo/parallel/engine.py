@@ -35,9 +35,10 @@ class ShardedEngine(Engine):
         n_slots: int = 1,
         batch_size: int = DEFAULT_BATCH,
         progress: LoadProgress | None = None,
+        kv_memory: int | None = None,
     ):
         self.tensor_parallel = tensor_parallel
-        super().__init__(model, options, context, n_slots, batch_size, progress)
+        super().__init__(model, options, context, n_slots, batch_size, progress, kv_memory)
         self.mirror = Leader(self.tensor_parallel_group, self.release_graphs) if not self.follows else None
 
     def _device(self, device: str) -> str:
@@ -92,6 +93,11 @@ class ShardedEngine(Engine):
             self.mirror.copy_prefix(source, target, length)
         super().copy_prefix(source, target, length, state)
 
+    def release_pages(self, slot: int, length: int) -> None:
+        if self.mirror is not None:
+            self.mirror.release_pages(slot, length)
+        super().release_pages(slot, length)
+
     def set_threads(self, count: int) -> None:
         if self.mirror is not None:
             self.mirror.threads(count)
@@ -110,11 +116,14 @@ def open_engine(
     n_slots: int = 1,
     batch_size: int = DEFAULT_BATCH,
     progress: LoadProgress | None = None,
+    kv_memory: int | None = None,
 ) -> Engine:
     """An Engine, or this process's rank of a tensor-parallel launch when `tensor_parallel` > 1."""
     if tensor_parallel > 1:
-        return ShardedEngine(model, tensor_parallel, options, context, n_slots, batch_size, progress)
-    return Engine(model, options, context, n_slots, batch_size, progress)
+        return ShardedEngine(
+            model, tensor_parallel, options, context, n_slots, batch_size, progress, kv_memory
+        )
+    return Engine(model, options, context, n_slots, batch_size, progress, kv_memory)
 
 
 def follows(engine: Engine) -> bool:

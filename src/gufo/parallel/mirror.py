@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STOP, FORWARD, DECODE, SNAPSHOT, RESTORE, THREADS, MEMORY, COPY = range(8)
+STOP, FORWARD, DECODE, SNAPSHOT, RESTORE, THREADS, MEMORY, COPY, RELEASE = range(9)
 
 
 class Leader:
@@ -54,6 +54,9 @@ class Leader:
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         self._send(COPY, source, target, length)
+
+    def release_pages(self, slot: int, length: int) -> None:
+        self._send(RELEASE, slot, length)
 
     def threads(self, count: int) -> None:
         self._send(THREADS, count)
@@ -98,6 +101,8 @@ def follow(engine: Engine) -> int:
             engine.cache.restore(snapshots[(fields[0], fields[1])])
         elif op == COPY:
             engine.cache.copy_prefix(*fields[:3])
+        elif op == RELEASE:
+            engine.release_pages(*fields[:2])
         elif op == THREADS:
             torch.set_num_threads(fields[0])
         elif op == MEMORY:

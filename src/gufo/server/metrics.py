@@ -123,8 +123,10 @@ class Metrics:
             )
         texts = {
             "gufo_requests_active": "Requests holding a slot.",
-            "gufo_queue_depth": "Requests waiting for a slot.",
+            "gufo_queue_depth": "Requests waiting for a slot or for KV pages.",
             "gufo_sessions": "KV slots (sessions).",
+            "gufo_kv_pages": "Pages of the KV cache (64 positions each).",
+            "gufo_kv_pages_free": "KV pages no session holds (finished requests' cached prefixes hold some).",
             "gufo_worker_up": "1 while the generation worker runs, 0 once it has stopped (see /health).",
         }
         for name, value in gauges().items():

@@ -154,6 +154,7 @@ class Scheduler:
         self.eog_ids = engine.tokenizer.eog_ids
         self.prompt_cache = PromptCache(engine, prefill_chunk, state_checkpoints)  # what each slot holds
         self.active: dict[int, Job] = {}  # slot -> job, in admission order
+        self.last_used = [0.0] * self.n_slots  # per slot, when its last job ended (the cache's LRU order)
         self.waiting: deque[Job] = deque()
         self._calls: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()  # see `call`
         self._cond = threading.Condition()
@@ -220,6 +221,8 @@ class Scheduler:
                 "gufo_requests_active": len(self.active),
                 "gufo_queue_depth": len(self.waiting),
                 "gufo_sessions": self.n_slots,
+                "gufo_kv_pages": self.engine.cache.total_pages,
+                "gufo_kv_pages_free": self.engine.cache.free_pages,
                 "gufo_worker_up": int(self.alive),
             }
 
@@ -285,10 +288,12 @@ class Scheduler:
             self.metrics.finish(job.cancelled)
 
     def _admit(self) -> None:
+        """Admit waiting jobs in order into free slots while the KV cache has the pages each needs
+        (`_make_room`); the first that does not fit waits, and those behind it, for running jobs to end."""
         free = [s for s in range(self.n_slots) if s not in self.active]
         cache = self.prompt_cache
         while free and self.waiting:
-            job = self.waiting.popleft()
+            job = self.waiting[0]
             prompt = job.prompt_ids
             if job.cache_prompt and self.engine.rewindable:
                 slot = max(free, key=lambda s: common_prefix(cache.tokens[s], prompt))
@@ -300,6 +305,9 @@ class Scheduler:
             else:  # leave the most valuable cached prefixes to other requests
                 slot = min(free, key=lambda s: len(cache.tokens[s]))
                 reused = 0
+            if not self._make_room(job, slot, reused):
+                return
+            self.waiting.popleft()
             free.remove(slot)
             job.slot, job.prefilled, job.cached_tokens = slot, reused, reused
             job.admitted_at = time.perf_counter()
@@ -311,6 +319,31 @@ class Scheduler:
             except Exception as err:  # e.g. a seed torch refuses: this request fails, not the worker
                 log.exception("admitting a request failed")
                 self._fail(job, err)
+
+    def _pages_of_job(self, job: Job) -> int:
+        """KV pages a job's whole sequence may take from the pool: its prompt and max_tokens (within the
+        context), and one copy of a page it shares where it starts writing (`KVCache.reserve`)."""
+        kv = self.engine.cache
+        end = min(self.engine.context, len(job.prompt_ids) + job.max_tokens)
+        return min(kv.pages_per_slot, kv.pages_of(end) + 1)
+
+    def _make_room(self, job: Job, slot: int, reused: int) -> bool:
+        """Whether the pool can give `job`, in `slot` after its first `reused` cached tokens, every page
+        its sequence may take while the running jobs take theirs (each was promised its whole sequence at
+        admission, so none ever runs out); it drops the cached prefixes of idle slots, least recently
+        used first, until it can. A request then never fails for want of KV memory: it waits."""
+        kv = self.engine.cache
+        needed = self._pages_of_job(job) - kv.pages_of(reused)
+        promised = sum(max(0, self._pages_of_job(j) - len(kv.held[j.slot])) for j in self.active.values())
+        # the pages the slot gives back when it keeps only the reused prefix, where no other slot has them
+        given_back = sum(kv.refs[page] == 1 for page in kv.held[slot][kv.pages_of(reused) :])
+        idle = sorted(
+            (s for s in range(self.n_slots) if s != slot and s not in self.active and kv.held[s]),
+            key=lambda s: self.last_used[s],
+        )
+        while kv.free_pages + given_back - promised < needed and idle:
+            self.prompt_cache.truncate(idle.pop(0), 0)
+        return kv.free_pages + given_back - promised >= needed
 
     def _copy_prefix(self, job: Job) -> None:
         """Copy into the job's slot the longest reusable prefix of its prompt that another slot holds,
@@ -529,5 +562,6 @@ class Scheduler:
         self.metrics.finish(event.reason)
 
     def _release(self, job: Job) -> None:
+        self.last_used[job.slot] = time.perf_counter()
         with self._cond:  # `submit` and `gauges` read `active` from other threads
             del self.active[job.slot]

@@ -117,7 +117,7 @@ class GraphDecoder:
 
     def prepare(self, slot: int, n_tokens: int, checkpoints: Checkpoints | None = None) -> None:
         """Capture the graphs of 1..n_tokens tokens on `slot` now (their warm-ups write KV at the end of
-        the cache, which a sequence overwrites before it reads there), so timed steps replay them;
+        the context, to the trash page unless the slot holds a page there), so timed steps replay them;
         `checkpoints` as `decode`'s."""
         context = self.cache.context
         for count in range(1, min(n_tokens, self.max_tokens, context) + 1 if self.capture else 0):
@@ -150,6 +150,7 @@ class GraphDecoder:
         n_tokens = len(tokens)
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"{n_tokens} tokens in one graph step (1 to {self.max_tokens})")
+        self.cache.reserve(slot, position, position + n_tokens)
         # The warm-up of a capture runs a real step: set the inputs first so it writes the right KV.
         if n_tokens == 1:  # no host synchronisation: the values travel as kernel arguments
             if isinstance(tokens, torch.Tensor):
@@ -185,6 +186,14 @@ class GraphDecoder:
         row at position 0 starts its slot's recurrent state afresh (cleared here: the step continues each).
         `tokens` may be ids on the device. The inputs travel from pinned memory without waiting for
         the device: a copy from pageable memory would first wait for every step queued before."""
+        for slot, position in zip(slots, positions, strict=True):
+            self.cache.reserve(slot, position, position + 1)
+        return self._rows_step(tokens, positions, slots)
+
+    def _rows_step(
+        self, tokens: Sequence[int] | torch.Tensor, positions: Sequence[int], slots: Sequence[int]
+    ) -> torch.Tensor:
+        """`decode_rows` at positions whose pages are reserved (or, for a warm-up, written to trash)."""
         n_rows = len(tokens)
         size = rows.bucket(n_rows, self.max_tokens)
         if self.cache.recurrent is not None:
@@ -201,15 +210,15 @@ class GraphDecoder:
 
     def prepare_rows(self, n_rows: int) -> None:
         """Capture the graphs of steps of 2..n_rows sequences now, one per bucket (one sequence steps on
-        its own slot's graph; the warm-ups write KV at the end of slots 0..n_rows - 1, which a sequence
-        overwrites before it reads there, and keep those slots' recurrent state)."""
+        its own slot's graph; the warm-ups hold no pages, so their KV writes go to the trash page, and
+        they keep those slots' recurrent state)."""
         context, most = self.cache.context, min(n_rows, self.max_tokens, self.cache.n_slots)
         sizes = rows.buckets(self.max_tokens) if self.capture and most > 1 else ()
         for size in sizes[1 : sizes.index(rows.bucket(most, self.max_tokens)) + 1]:
             if (ROWS, size) not in self.graphs:
                 count = min(size, most)  # the rest of the bucket pads
                 saved = self._saved_states(range(count))
-                self.decode_rows([0] * count, [context - 1] * count, range(count))
+                self._rows_step([0] * count, [context - 1] * count, range(count))
                 self._load_states(saved)
 
     def _run(self, slot: int, n_tokens: int) -> torch.Tensor:

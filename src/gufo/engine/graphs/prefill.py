@@ -109,8 +109,8 @@ class PrefillGraphs:
         eagerly (its length varies): exactly the eager layer's call. The padding rows get none: their
         `mixed` rows stay zero (`hidden`)."""
         attn = self.model.layers[index].attn
-        keys, values = self.cache.entries(index, slot)
         end, prefill = start + n_tokens, attn.kernels.prefill
+        keys, values = self.cache.entries(index, slot, end)
         mixed = attend_cached(buf.query[:n_tokens], keys, values, end, attn.scale, attn.window, prefill)
         buf.mixed[:n_tokens].copy_(mixed)
 
@@ -146,7 +146,12 @@ class PrefillGraphs:
         prefill attention's causal mask; decode attention loads entries 0..index only, `visible` and the
         Triton kernel's `ok` mask); and a cached prefix (snapshots, prefix reuse) covers positions below the
         sequence's length. Stale entries past a sequence's end already occur for the same reason
-        (rejected drafts, `KVCache.restore`)."""
+        (rejected drafts, `KVCache.restore`). Padding rows past the slot's pages write to the trash page."""
+        self.cache.reserve(slot, start, start + tokens.shape[0])
+        return self._replay(tokens, slot, start, size)
+
+    def _replay(self, tokens: torch.Tensor, slot: int, start: int, size: int) -> torch.Tensor:
+        """`hidden` at positions whose pages are reserved (or, for a warm-up, written to trash)."""
         n_tokens = tokens.shape[0]
         buf = self._buffers(size)
         padded = torch.zeros(size, dtype=torch.long)
@@ -170,12 +175,12 @@ class PrefillGraphs:
 
     def prepare(self, sizes: Sequence[int]) -> None:
         """Capture the graphs of chunks of each of `sizes` tokens now, each on a chunk of token 0 at
-        position 0 of slot 0: call it before any sequence is in slot 0 (at load), whose first entries
-        it writes."""
+        position 0 of slot 0: call it before any sequence is in slot 0 (at load: the slot holds no pages
+        then, so the warm-ups write to the trash page)."""
         started, before = time.perf_counter(), self.capture_seconds
         missing = [size for size in sizes if size not in self.graphs]
         for size in missing:
-            self.hidden(torch.zeros(size, dtype=torch.long), 0, 0, size)
+            self._replay(torch.zeros(size, dtype=torch.long), 0, 0, size)
         torch.cuda.synchronize(self.device)
         if missing:
             log.info(

@@ -105,15 +105,28 @@ static void axpy(float *out, float p, const float *v, int n) {
     for (; i < n; i++) out[i] += p * v[i];
 }
 
+/* The KV pool of one layer, [kv_heads][pages][page][dim]: position t of a slot sits at offset t % page of
+ * page table[t / page]. */
+typedef struct {
+    float *keys, *values;
+    int64_t pages, page;
+} kv_pool;
+
+/* Entry (keys: key, else value) of position t, KV head g, of the slot whose page table is `table`. */
+static inline float *entry(const kv_pool *P, const gufo_layer *L, const int64_t *table, int g, int t, int key) {
+    const int dim = key ? L->key_dim : L->value_dim;
+    const size_t row = ((size_t)g * P->pages + (size_t)table[t / P->page]) * P->page + t % P->page;
+    return (key ? P->keys : P->values) + row * dim;
+}
+
 /* Softmax attention of token m's head h over cache positions first..pos (scores: ctx floats of its own). */
-static void attend(const gufo_layer *L, int m, int h, const float *keys, const float *values, int ctx, int first,
-                   int pos, float *scores) {
+static void attend(const gufo_layer *L, const kv_pool *P, int m, int h, const int64_t *table, int first, int pos,
+                   float *scores) {
     const int dk = L->key_dim, dv = L->value_dim, kvh = h / (L->n_heads / L->n_kv_heads);
     const float *q = L->q + (size_t)m * L->ld_qkv + (size_t)h * dk;
-    const float *kb = keys + (size_t)kvh * ctx * dk, *vb = values + (size_t)kvh * ctx * dv;
     float mx = -INFINITY;
     for (int t = first; t <= pos; t++) {
-        scores[t] = dot(q, kb + (size_t)t * dk, dk) * L->attn_scale;
+        scores[t] = dot(q, entry(P, L, table, kvh, t, 1), dk) * L->attn_scale;
         mx = fmaxf(mx, scores[t]);
     }
     float sum = 0.0f;
@@ -123,7 +136,7 @@ static void attend(const gufo_layer *L, int m, int h, const float *keys, const f
     }
     float *out = L->attn + (size_t)m * L->n_heads * dv + (size_t)h * dv;
     memset(out, 0, sizeof(float) * dv);
-    for (int t = first; t <= pos; t++) axpy(out, scores[t] / sum, vb + (size_t)t * dv, dv);
+    for (int t = first; t <= pos; t++) axpy(out, scores[t] / sum, entry(P, L, table, kvh, t, 0), dv);
 }
 
 /* x += post_norm(h) (or h when there is no post-norm), token m's rows. */
@@ -145,14 +158,15 @@ static void activate(const gufo_layer *L, int m) {
     }
 }
 
-/* x [M][n_embd] is updated in place; token m sits at position pos[m] of the cache keys[m]/values[m]
- * (this layer's cache of its slot, [kv_heads][ctx][dim]); every token's k, v are written before any
- * token attends. cos/sin: the RoPE tables of the M positions ([M][rope_dim]). The team has n_threads
- * threads, and scores holds ctx floats for each (one head's attention scores at a time). */
-void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, const float *sin,
-                       float *const *keys, float *const *values, int ctx, const int32_t *pos, float *scores,
-                       int n_threads) {
+/* x [M][n_embd] is updated in place; token m sits at position pos[m] of the slot whose page table is
+ * tables[m], in this layer's KV pool keys/values ([kv_heads][pages][page][dim]); every token's k, v are
+ * written before any token attends. cos/sin: the RoPE tables of the M positions ([M][rope_dim]). The team
+ * has n_threads threads, and scores holds ctx floats for each (one head's attention scores at a time). */
+void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, const float *sin, float *keys,
+                       float *values, int64_t pages, int64_t page, const int64_t *const *tables, int ctx,
+                       const int32_t *pos, float *scores, int n_threads) {
     const int n_attn = L->n_heads * L->value_dim, E = L->n_embd;
+    const kv_pool pool = {keys, values, pages, page};
 #pragma omp parallel num_threads(n_threads)
     {
 #pragma omp single
@@ -171,9 +185,9 @@ void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, c
             rope(q, L->n_heads, L->key_dim, L->rope_dim, L->rope_neox, c, s);
             rope(k, L->n_kv_heads, L->key_dim, L->rope_dim, L->rope_neox, c, s);
             for (int g = 0; g < L->n_kv_heads; g++) {
-                memcpy(keys[m] + ((size_t)g * ctx + pos[m]) * L->key_dim, k + (size_t)g * L->key_dim,
+                memcpy(entry(&pool, L, tables[m], g, pos[m], 1), k + (size_t)g * L->key_dim,
                        sizeof(float) * L->key_dim);
-                memcpy(values[m] + ((size_t)g * ctx + pos[m]) * L->value_dim, v + (size_t)g * L->value_dim,
+                memcpy(entry(&pool, L, tables[m], g, pos[m], 0), v + (size_t)g * L->value_dim,
                        sizeof(float) * L->value_dim);
             }
         }
@@ -181,7 +195,7 @@ void gufo_decode_layer(const gufo_layer *L, int M, float *x, const float *cos, c
         for (int i = 0; i < M * L->n_heads; i++) {
             const int m = i / L->n_heads, h = i % L->n_heads, at = pos[m];
             const int first = L->window > 0 && at - L->window + 1 > 0 ? at - L->window + 1 : 0;
-            attend(L, m, h, keys[m], values[m], ctx, first, at, scores + (size_t)omp_get_thread_num() * ctx);
+            attend(L, &pool, m, h, tables[m], first, at, scores + (size_t)omp_get_thread_num() * ctx);
         }
         quantize(L, M, n_attn, L->attn);
         products(L, M, 1, &L->o, n_attn, E);

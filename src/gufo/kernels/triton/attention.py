@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gufo.kernels.attention import decode_span
 from gufo.kernels.contracts import ATTENTION_DECODE, AttentionDecodeKernel
 from gufo.kernels.int8_rows import ACT_BLOCK, Int8Rows, row_outputs
+from gufo.kernels.kv_pages import KVPages
 from gufo.kernels.registry import Registration
 from gufo.kernels.triton.checks import check_device, check_dims, check_dtype, check_size
 from gufo.kernels.triton.dependent_launch import DependentLaunch, LaunchedKernel, wait_for_inputs
@@ -63,15 +63,16 @@ def _product(a, b, DOT: tl.constexpr):
 
 @triton.jit
 def attention_decode_split(
-    q_ptr, k_ptr, v_ptr, index_ptr, slot_ptr, acc_ptr, max_ptr, sum_ptr,
-    stride_ks, stride_kh, stride_kt, stride_vs, stride_vh, stride_vt, window, scale, H, G, DK, DV,
-    GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DK: tl.constexpr,
-    BLOCK_DV: tl.constexpr, WINDOWED: tl.constexpr, DOT: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, table_ptr, index_ptr, slot_ptr, acc_ptr, max_ptr, sum_ptr, stride_table,
+    stride_kh, stride_kp, stride_kt, stride_vh, stride_vp, stride_vt, window, scale, H, G, DK, DV,
+    PAGE: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, WINDOWED: tl.constexpr, DOT: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (KV head, range, token): the G query heads of the KV head (ROWS held, GROUP stored) over the
     range's keys and values, as a partial softmax: running maximum, sum and weighted values. The token's
-    cache is slot slot_ptr[token] (slot strides 0: one slot's cache for every token)."""
+    entries are slot slot_ptr[token]'s, position t at offset t % PAGE of page table[slot, t // PAGE]
+    (table stride 0: one slot's table row for every token)."""
     wait_for_inputs(PDL)
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -79,8 +80,7 @@ def attention_decode_split(
     token = tl.program_id(2)
     index = tl.load(index_ptr + token)
     slot = tl.load(slot_ptr + token)
-    k_ptr += slot * stride_ks
-    v_ptr += slot * stride_vs
+    table_ptr += slot * stride_table
     g = tl.arange(0, ROWS)
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
@@ -101,14 +101,17 @@ def attention_decode_split(
     for start in range(lo, hi, BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         ok = t < hi
+        page = tl.load(table_ptr + t // PAGE, mask=ok, other=0)
+        key_at = page * stride_kp + (t % PAGE) * stride_kt
+        value_at = page * stride_vp + (t % PAGE) * stride_vt
         # both loads issued before the arithmetic that waits for them
         k = tl.load(
-            k_ptr + kv_head * stride_kh + t[None, :] * stride_kt + dk[:, None],
+            k_ptr + kv_head * stride_kh + key_at[None, :] + dk[:, None],
             mask=ok[None, :] & (dk < DK)[:, None],
             other=0.0,
         ).to(tl.float32)  # [BLOCK_DK, BLOCK_T]
         v = tl.load(
-            v_ptr + kv_head * stride_vh + t[:, None] * stride_vt + dv[None, :],
+            v_ptr + kv_head * stride_vh + value_at[:, None] + dv[None, :],
             mask=ok[:, None] & (dv < DV)[None, :],
             other=0.0,
         ).to(tl.float32)
@@ -186,30 +189,30 @@ DOT_MAX_WIDTH = 128  # wider heads (gemma3's 256) spilled on the tl.dot path for
 
 
 def _check_decode_operands(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, index: torch.Tensor, slots: torch.Tensor | None
+    q: torch.Tensor, pages: KVPages, index: torch.Tensor, slots: torch.Tensor | int
 ) -> None:
-    """The shapes, dtypes and devices `TritonAttentionDecode.apply` takes (keys/values of one slot; with
-    `slots` of every slot, checked here as their first slot); raises naming a mismatch."""
+    """The shapes, dtypes and devices `TritonAttentionDecode.apply` takes; raises naming a mismatch."""
     check_dims("q", q, 3)
-    for what, tensor in (("keys", keys), ("values", values)):
-        check_dims(what, tensor, 3 if slots is None else 4)
+    keys, values = pages.keys, pages.values
+    for what, tensor in (("keys", keys), ("values", values), ("table", pages.table)):
+        check_dims(what, tensor, 2 if what == "table" else 4)
         check_device(what, tensor, q.device)
-    if slots is not None:
+    if isinstance(slots, torch.Tensor):
         check_device("slots", slots, q.device)
         check_dtype("slots", slots, (torch.int64,))
         check_size("slots entries (one per token)", slots.numel(), q.shape[0])
-        check_size("values' slots", values.shape[0], keys.shape[0])
-        keys, values = keys[0], values[0]
     check_device("index", index, q.device)
     check_dtype("q", q, (torch.float32, torch.float16, torch.bfloat16))
     # the GPU cache's type (backends.cache_dtype), the one the kernels are compiled and tested for
     check_dtype("keys", keys, (torch.float16,))
     check_dtype("values", values, (torch.float16,))
     check_dtype("index", index, (torch.int64,))
+    check_dtype("table", pages.table, (torch.int64,))
     check_size("index entries (one per token)", index.numel(), q.shape[0])
     check_size("values' KV heads", values.shape[0], keys.shape[0])
-    check_size("values' cache entries", values.shape[1], keys.shape[1])
-    check_size("keys' head width", keys.shape[2], q.shape[2])
+    check_size("values' pages", values.shape[1], keys.shape[1])
+    check_size("values' page size", values.shape[2], keys.shape[2])
+    check_size("keys' head width", keys.shape[3], q.shape[2])
     if q.shape[1] % keys.shape[0]:
         raise ValueError(f"{q.shape[1]} query heads do not share {keys.shape[0]} KV heads evenly")
 
@@ -231,35 +234,27 @@ def decode_launch(
 
 class TritonAttentionDecode(LaunchedKernel, AttentionDecodeKernel):
     name = "triton-attention-decode"
-    # the kernels read and split the entries up to each token's position on the device, whatever span
-    # they are given, so eager steps and drafted tokens verified together give the graph's numbers
-    span = staticmethod(decode_span)
-    tokens_at_once = True  # one launch takes several tokens, each at its own position
 
     def apply(
         self,
         q: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        pages: KVPages,
         index: torch.Tensor,
+        slots: torch.Tensor | int,
         scale: float,
         window: int | None,
         int8: bool = False,
-        slots: torch.Tensor | None = None,
         programs: int | None = None,
     ) -> torch.Tensor | Int8Rows:
-        """Same contract as the torch reference (`gufo.kernels.attention`), for T tokens: q [T, H, Dk]
-        at cache positions index ([T] int64, each below keys' length) -> [T, H * Dv] in q's dtype
-        (`int8`: float32 rows as `Int8Rows`); with `slots`, token t over slot slots[t] of keys/values
-        [slots, Hkv, ctx, D] (the same arithmetic per token as over that slot's cache alone).
-        `programs`: how many programs to aim for per token (default PROGRAMS_PER_MULTIPROCESSOR per
-        multiprocessor)."""
-        _check_decode_operands(q, keys, values, index, slots)
-        if slots is None:  # every token reads the one slot given: slot strides 0, any int64 entries
-            slots, slot_strides = index, (0, 0)
-        else:
-            slot_strides = (keys.stride(0), values.stride(0))
-            keys, values = keys[0], values[0]  # the rest of the strides, as one slot's
+        """Same contract as the torch reference (`gufo.kernels.attention`), for T tokens in one launch:
+        q [T, H, Dk] at cache positions index ([T] int64) of slot slots[t] (or the one slot given) ->
+        [T, H * Dv] in q's dtype (`int8`: float32 rows as `Int8Rows`). The kernels read and split each
+        token's entries up to its position on the device, so eager steps and drafted tokens verified
+        together give the graph's numbers. `programs`: how many programs to aim for per token (default
+        PROGRAMS_PER_MULTIPROCESSOR per multiprocessor)."""
+        _check_decode_operands(q, pages, index, slots)
+        keys, values = pages.keys, pages.values
+        table, slot_of, table_stride = pages.launch_rows(index, slots)
         n_tokens, n_heads, key_dim = q.shape
         n_kv = keys.shape[0]
         value_dim = values.shape[-1]
@@ -273,9 +268,9 @@ class TritonAttentionDecode(LaunchedKernel, AttentionDecodeKernel):
         q = q.contiguous()
         launch = self.launch.options(q.device)
         attention_decode_split[(n_kv, splits, n_tokens)](
-            q, keys, values, index, slots, acc, maxima, sums, slot_strides[0],
-            keys.stride(0), keys.stride(1), slot_strides[1], values.stride(0), values.stride(1),
-            window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim,
+            q, keys, values, table, index, slot_of, acc, maxima, sums, table_stride, keys.stride(0),
+            keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
+            window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim, PAGE=pages.page_size,
             GROUP=group, ROWS=rows, BLOCK_T=block_t, BLOCK_DK=triton.next_power_of_2(key_dim),
             BLOCK_DV=block_dv, WINDOWED=window is not None, DOT=dot, num_warps=NUM_WARPS,
             num_stages=NUM_STAGES, **launch,

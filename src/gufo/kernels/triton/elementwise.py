@@ -34,6 +34,7 @@ from gufo.kernels.contracts import (
     RopeKernel,
 )
 from gufo.kernels.int8_rows import Int8Rows, row_outputs
+from gufo.kernels.kv_pages import KVPages
 from gufo.kernels.registry import Registration
 from gufo.kernels.triton.checks import check_device, check_size
 from gufo.kernels.triton.dependent_launch import DependentLaunch, LaunchedKernel, wait_for_inputs
@@ -183,24 +184,26 @@ def rope_rows(
 
 @triton.jit
 def attention_heads_to_cache(
-    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, index_ptr, slot_ptr, out_ptr, keys_ptr,
-    values_ptr, H, HKV, D, DV, ROT, stride_qt, stride_kt, stride_vt, stride_c, stride_ks, stride_kh,
-    stride_kc, stride_vs, stride_vh, stride_vc, eps, NORM: tl.constexpr, NEOX: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, index_ptr, slot_ptr, table_ptr, out_ptr,
+    keys_ptr, values_ptr, H, HKV, D, DV, ROT, stride_qt, stride_kt, stride_vt, stride_c, stride_table,
+    stride_kh, stride_kp, stride_kc, stride_vh, stride_vp, stride_vc, eps, PAGE: tl.constexpr,
+    NORM: tl.constexpr, NEOX: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     """One program per (token, head of q, k or v), for a decode step: q heads normed (NORM) and rotated
-    into out [T, H, D]; k heads normed and rotated, v heads as they are, into the cache rows at the
-    token's position (index) of its slot (slot_ptr; slot strides 0: one slot's cache), in the cache's
-    dtype. Replaces two rotary launches and the cache writes."""
+    into out [T, H, D]; k heads normed and rotated, v heads as they are, into the cache pages at the
+    token's position (index) of its slot (slot_ptr; table stride 0: one slot's table row), in the
+    cache's dtype. Replaces two rotary launches and the cache writes."""
     wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     rows = token * stride_c
     position = tl.load(index_ptr + token)
     slot = tl.load(slot_ptr + token)
-    keys_ptr += slot * stride_ks
-    values_ptr += slot * stride_vs
+    page = tl.load(table_ptr + slot * stride_table + position // PAGE)
+    keys_ptr += page * stride_kp
+    values_ptr += page * stride_vp
+    position = position % PAGE
     i = tl.arange(0, BLOCK_D)
     if head < H:
         base = q_ptr + token * stride_qt + head * D
@@ -396,18 +399,15 @@ class TritonAttentionHeads(LaunchedKernel, AttentionHeadsKernel):
         cos: torch.Tensor,
         sin: torch.Tensor,
         neox: bool,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        pages: KVPages,
         index: torch.Tensor,
-        slots: torch.Tensor | None = None,
+        slots: torch.Tensor | int,
     ) -> torch.Tensor:
         """The reference's contract (`gufo.kernels.norm.ReferenceAttentionHeads`) in one launch."""
-        if slots is None:  # every token into the one slot given: slot strides 0, any int64 entries
-            slots, slot_strides = index, (0, 0)
-        else:
+        if isinstance(slots, torch.Tensor):
             check_size("slots entries (one per token)", slots.numel(), q.shape[0])
-            slot_strides = (keys.stride(0), values.stride(0))
-            keys, values = keys[0], values[0]
+        table, slot_of, table_stride = pages.launch_rows(index, slots)
+        keys, values = pages.keys, pages.values
         tokens, heads, dim = q.shape
         kv_heads, value_dim = v.shape[1], v.shape[2]
         q2, k2, v2 = (_rows(t.reshape(tokens, -1)) for t in (q, k, v))
@@ -416,10 +416,11 @@ class TritonAttentionHeads(LaunchedKernel, AttentionHeadsKernel):
         norm = q_weight is not None
         if tokens:
             attention_heads_to_cache[(tokens, heads + 2 * kv_heads)](
-                q2, k2, v2, cos, sin, q_weight if norm else q2, k_weight if norm else q2, index, slots,
-                out, keys, values, heads, kv_heads, dim, value_dim, cos.shape[-1], q2.stride(0),
-                k2.stride(0), v2.stride(0), cos.stride(0), slot_strides[0], keys.stride(0), keys.stride(1),
-                slot_strides[1], values.stride(0), values.stride(1), eps, NORM=norm, NEOX=neox,
+                q2, k2, v2, cos, sin, q_weight if norm else q2, k_weight if norm else q2, index, slot_of,
+                table, out, keys, values, heads, kv_heads, dim, value_dim, cos.shape[-1], q2.stride(0),
+                k2.stride(0), v2.stride(0), cos.stride(0), table_stride, keys.stride(0), keys.stride(1),
+                keys.stride(2), values.stride(0), values.stride(1), values.stride(2), eps,
+                PAGE=pages.page_size, NORM=norm, NEOX=neox,
                 BLOCK_D=triton.next_power_of_2(dim), BLOCK_DV=triton.next_power_of_2(value_dim), num_warps=1,
                 **self.launch.options(q.device),
             )  # fmt: skip

@@ -16,6 +16,7 @@ from gufo.kernels.backends import cache_dtype
 from gufo.kernels.contracts import DeltaGates
 from gufo.kernels.expert_groups import group_assignments, tile_rows
 from gufo.kernels.int8_rows import ACT_BLOCK
+from gufo.kernels.kv_pages import PAGE_TOKENS, KVPages
 from gufo.kernels.triton.attention import PROGRAMS_PER_MULTIPROCESSOR, TritonAttentionDecode
 from gufo.kernels.triton.decode_candidates import SWEEP_FORMATS, SWEEP_SHAPES, candidates
 from gufo.kernels.triton.dependent_launch import DependentLaunch
@@ -173,11 +174,19 @@ def attention_examples(options: KernelOptions) -> Iterator[str]:
     for n_heads, n_kv, dim, window in REFERENCE_GEOMETRIES:
         for span in REFERENCE_SPANS:
             q = torch.empty(1, n_heads, dim, device="meta")
-            cache = torch.empty(n_kv, span, dim, dtype=dtype, device="meta")
+            pages = meta_pages(n_kv, span, dim, dim)
             index = torch.empty(1, dtype=torch.int64, device="meta")
             for int8 in (False, True) if torch.version.hip is None else (False,):
-                args = (q, cache, cache, index, dim**-0.5, window, int8)
+                args = (q, pages, index, 0, dim**-0.5, window, int8)
                 kernel.apply(*args, programs=REFERENCE_PROGRAMS)
+
+
+def meta_pages(n_kv: int, span: int, key_dim: int, value_dim: int) -> KVPages:
+    """A GPU KV cache's pages of one slot holding `span` positions, as meta tensors."""
+    n_pages, dtype = span // PAGE_TOKENS, cache_dtype("cuda")
+    keys = torch.empty(n_kv, n_pages + 1, PAGE_TOKENS, key_dim, dtype=dtype, device="meta")
+    values = torch.empty(n_kv, n_pages + 1, PAGE_TOKENS, value_dim, dtype=dtype, device="meta")
+    return KVPages(keys, values, torch.empty(1, n_pages, dtype=torch.int64, device="meta"))
 
 
 # Widths of real models: Qwen3-0.6B (hidden 1024, FFN 3072, heads 16 x 128 on 8 KV heads, NeoX RoPE),
@@ -211,11 +220,11 @@ def elementwise_examples(options: KernelOptions) -> Iterator[str]:
         heads_in = torch.empty(1, heads, dim, device="meta")
         norm_rope.apply(heads_in, torch.empty(dim, device="meta"), 1e-6, tables, tables, neox)
         kv_in = torch.empty(1, max(1, heads // 2), dim, device="meta")
-        cache = torch.empty(kv_in.shape[1], 64, dim, dtype=cache_dtype("cuda"), device="meta")
+        pages = meta_pages(kv_in.shape[1], 64, dim, dim)
         index = torch.empty(1, dtype=torch.int64, device="meta")
         for norm in (torch.empty(dim, device="meta"), None):
             heads_kernel.apply(
-                heads_in, kv_in, kv_in, norm, norm, 1e-6, tables, tables, neox, cache, cache, index
+                heads_in, kv_in, kv_in, norm, norm, 1e-6, tables, tables, neox, pages, index, 0
             )
     for width, act in REFERENCE_FFN:
         for int8 in quantizing:

@@ -296,6 +296,7 @@ class MultiTokenPrediction:
         `hidden` before it (output-normed), writing their entries into `slot` of `cache`."""
         x = torch.cat([self.enorm(self.embedding(tokens)), self.hnorm(hidden.to(self.model.device))], -1)
         x = self.eh_proj(x)
+        cache.reserve(slot, start, start + tokens.shape[0])
         tables = self.model.rope_tables(self.model.rope, start, tokens.shape[0], cache)
         return self.head_norm(self.layer(x, tables, cache, self.index, slot, start))
 
@@ -357,8 +358,9 @@ class Qwen35Model(DecoderModel):
         """The block's FFN; None is DecoderLayer's dense SwiGLU."""
         return None
 
-    def new_cache(self, n_slots: int, context: int) -> KVCache:
-        """KV entries for the attention layers only, recurrent state for the others."""
+    def new_cache(self, n_slots: int, context: int, **layout: Any) -> KVCache:
+        """KV entries for the attention layers only, recurrent state for the others (`layout` as the
+        base model's takes it)."""
         cfg, s = self.config, self.delta_shape
         shape = RecurrentShape(
             self.recurrent_layers,
@@ -372,6 +374,7 @@ class Qwen35Model(DecoderModel):
             attention_layers=attention_layers,
             # float32 whatever the KV type: the state accumulates over the whole sequence
             recurrent=RecurrentState(shape, n_slots, device=self.device),
+            **layout,
         )
 
     @functools.cached_property
