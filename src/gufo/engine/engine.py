@@ -151,6 +151,16 @@ class Engine:
         if kv_memory is None:
             kv_memory = default_kv_memory(self.device)
         self.cache: KVCache = self.model.new_cache(n_slots, self.context, memory=kv_memory, **layout)
+        cache = self.cache
+        log.info(
+            "KV cache: %d pages of %d positions, %.2f GiB (%d sessions x %d tokens need %d)",
+            cache.total_pages,
+            cache.page_size,
+            cache.total_pages * cache.page_bytes / 2**30,
+            n_slots,
+            self.context,
+            n_slots * cache.pages_per_slot,
+        )
         # per slot, the recurrent state after each token but the last of the latest `decode_tokens`, in
         # buffers reused from call to call (fresh copies pay page faults each time), and how many are valid
         self._checkpoints: dict[int, list[list[torch.Tensor]]] = {}

@@ -23,7 +23,7 @@ import torch
 
 from gufo.engine.constraint import TokenConstraint
 from gufo.engine.params import SamplingParams
-from gufo.engine.staging import staged
+from gufo.kernels.staging import staged
 
 
 class Sampler:

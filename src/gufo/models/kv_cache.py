@@ -18,6 +18,7 @@ import torch
 
 from gufo.errors import BadInputError, GufoError
 from gufo.kernels.kv_pages import PAGE_TOKENS, TRASH_PAGE, KVPages
+from gufo.kernels.staging import staged
 from gufo.models.recurrent_state import RecurrentState
 
 
@@ -157,7 +158,8 @@ class KVCache:
     def _write_table(self, slot: int) -> None:
         held = self.held[slot]
         row = held + [TRASH_PAGE] * (self.pages_per_slot - len(held))
-        self.table[slot].copy_(torch.tensor(row, dtype=torch.long))
+        # pinned: a server's queued decode step must not wait for the steps before it (`staged`)
+        self.table[slot].copy_(staged(row, self.table.device), non_blocking=True)
 
     def release(self, slot: int, length: int = 0) -> None:
         """Keep the pages of the slot's positions 0..length - 1 only; the rest go back to the pool."""

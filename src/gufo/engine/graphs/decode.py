@@ -23,7 +23,7 @@ from typing import TypeVar
 import torch
 
 from gufo.engine.graphs import rows
-from gufo.engine.staging import staged
+from gufo.kernels.staging import staged
 from gufo.models.base import DecoderModel
 from gufo.models.kv_cache import KVCache
 from gufo.models.layers import DevicePosition
