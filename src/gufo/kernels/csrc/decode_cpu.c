@@ -119,15 +119,25 @@ static inline float *entry(const kv_pool *P, const gufo_layer *L, const int64_t 
     return (key ? P->keys : P->values) + row * dim;
 }
 
+/* The last position of the page that holds position t, at most pos: positions t..that one are consecutive
+ * entries of one page, so a loop over them steps a pointer instead of looking each one up. */
+static inline int page_end(const kv_pool *P, int t, int pos) {
+    const int end = t - (int)(t % P->page) + (int)P->page - 1;
+    return end < pos ? end : pos;
+}
+
 /* Softmax attention of token m's head h over cache positions first..pos (scores: ctx floats of its own). */
 static void attend(const gufo_layer *L, const kv_pool *P, int m, int h, const int64_t *table, int first, int pos,
                    float *scores) {
     const int dk = L->key_dim, dv = L->value_dim, kvh = h / (L->n_heads / L->n_kv_heads);
     const float *q = L->q + (size_t)m * L->ld_qkv + (size_t)h * dk;
     float mx = -INFINITY;
-    for (int t = first; t <= pos; t++) {
-        scores[t] = dot(q, entry(P, L, table, kvh, t, 1), dk) * L->attn_scale;
-        mx = fmaxf(mx, scores[t]);
+    for (int t = first; t <= pos;) {
+        const float *k = entry(P, L, table, kvh, t, 1);
+        for (const int end = page_end(P, t, pos); t <= end; t++, k += dk) {
+            scores[t] = dot(q, k, dk) * L->attn_scale;
+            mx = fmaxf(mx, scores[t]);
+        }
     }
     float sum = 0.0f;
     for (int t = first; t <= pos; t++) {
@@ -136,7 +146,10 @@ static void attend(const gufo_layer *L, const kv_pool *P, int m, int h, const in
     }
     float *out = L->attn + (size_t)m * L->n_heads * dv + (size_t)h * dv;
     memset(out, 0, sizeof(float) * dv);
-    for (int t = first; t <= pos; t++) axpy(out, scores[t] / sum, entry(P, L, table, kvh, t, 0), dv);
+    for (int t = first; t <= pos;) {
+        const float *v = entry(P, L, table, kvh, t, 0);
+        for (const int end = page_end(P, t, pos); t <= end; t++, v += dv) axpy(out, scores[t] / sum, v, dv);
+    }
 }
 
 /* x += post_norm(h) (or h when there is no post-norm), token m's rows. */
