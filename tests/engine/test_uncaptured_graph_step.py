@@ -76,3 +76,33 @@ def test_uncaptured_draft_verification_matches_the_eager_steps(tmp_path):
     for row, token in enumerate([4, 8, 6]):
         eager = model.forward(torch.tensor([token]), eager_cache, 1, len(prompt) + row)[-1]
         torch.testing.assert_close(got[row], eager, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_rows_over_shared_pages_match_rows_over_own_pages(tmp_path):
+    """Slot 1 takes over 13 of slot 0's 20 tokens (one shared page of 8, a copied second), both step
+    twice in one uncaptured rows step (device positions through the page table), then slot 1 goes back
+    to 5 tokens, inside the shared page, and steps again (a copy on write): every row bit for bit a
+    cache's where slot 1 holds pages of its own, and slot 0's entries untouched by slot 1's."""
+    model = build_model(open_model_file(write_tiny_model(tmp_path / "tiny.gguf", "llama")), "torch")
+    own, shared = (model.new_cache(2, 64, page_size=8) for _ in range(2))
+    prompt = torch.tensor([(7 * i) % 29 + 1 for i in range(20)])
+    for slot, cache in ((0, own), (1, own), (0, shared)):
+        model.forward(prompt, cache, slot, 0)  # slot 1 of `own`: its first 13 entries computed alike
+    own.release(1, 13)
+    shared.copy_prefix(0, 1, 13)
+    assert shared.held[1][0] == shared.held[0][0] and shared.held[1][1] != shared.held[0][1]
+    steps = [
+        GraphDecoder(model, cache, torch.device("cpu"), max_tokens=2, capture=False)
+        for cache in (own, shared)
+    ]
+    for positions, tokens in (([20, 13], [3, 7]), ([21, 14], [11, 2])):
+        want, got = (step.decode_rows(tokens, positions, [0, 1]) for step in steps)
+        assert torch.equal(got, want)
+    for cache in (own, shared):
+        cache.release(1, 5)
+    want, got = (step.decode_rows([9], [5], [1]) for step in steps)
+    assert torch.equal(got, want) and shared.held[1][0] != shared.held[0][0]
+    for layer in range(len(own.keys)):
+        pairs = zip(shared.entries(layer, 0, 22), own.entries(layer, 0, 22), strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs)

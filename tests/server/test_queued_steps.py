@@ -165,3 +165,19 @@ def test_rows_that_need_the_host_and_cancelled_ones_among_queued_rows():
     check(engine, scheduler, [d for d in done if d not in sampled])
     for job, tokens, _ in sampled:  # not the greedy chain; still only tokens its slot was fed
         assert 0 < len(tokens) <= job.max_tokens
+
+
+def test_a_prompt_that_shares_nothing_leaves_the_cached_prefixes_alone():
+    """Two slots, one holding a finished request's tokens: a prompt sharing nothing with it takes the
+    empty slot, so the next prompt that extends the first still finds all of it cached."""
+    engine = TokenCache(2)
+    scheduler = Scheduler(engine, Metrics(), max_pending=4, prefill_chunk=4)
+    first, other = [5, 9, 11, 2, 7, 3, 8, 1], [4, 4, 6]
+    waves = [
+        [{"prompt": first, "max_tokens": 1, "params": GREEDY}],
+        [{"prompt": other, "max_tokens": 1, "params": GREEDY}],
+        [{"prompt": first + [6, 2], "max_tokens": 2, "params": GREEDY}],
+    ]
+    done = run_jobs(engine, scheduler, waves)
+    check(engine, scheduler, done)
+    assert done[1][0].slot != done[0][0].slot and done[2][0].cached_tokens == len(first)

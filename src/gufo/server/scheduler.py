@@ -296,7 +296,10 @@ class Scheduler:
             job = self.waiting[0]
             prompt = job.prompt_ids
             if job.cache_prompt and self.engine.rewindable:
-                slot = max(free, key=lambda s: common_prefix(cache.tokens[s], prompt))
+                # among slots that share as much, the one holding least: the others' prefixes stay cached
+                slot = max(
+                    free, key=lambda s: (common_prefix(cache.tokens[s], prompt), -len(cache.tokens[s]))
+                )
                 reused = cache.reusable(slot, prompt)
             elif job.cache_prompt:  # the whole sequence a slot holds, else its longest saved state within
                 resumable = {s: cache.resumable(s, prompt) for s in free}
