@@ -129,9 +129,10 @@ class PageAccounting:
     the stand-in reserves them)."""
 
     context = 512
+    tensor_parallel = 1
 
     def __init__(self, n_slots: int):
-        self.cache = KVCache(1, n_slots, 1, self.context, 1, 1)
+        self.cache = KVCache(1, n_slots, 1, self.context, 1, 1, page_size=4)  # pages of the tests' prompts
 
     def release_pages(self, slot: int, length: int) -> None:
         self.cache.release(slot, length)

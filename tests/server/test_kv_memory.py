@@ -81,3 +81,28 @@ def test_requests_wait_for_pages_and_keep_their_text(alone):
 def test_too_little_kv_memory_for_one_context_is_refused():
     with pytest.raises(BadInputError, match="holds less than one sequence of 256 tokens"):
         engine(3 * page_bytes())
+
+
+def test_a_prefix_outlives_its_session():
+    """One session: a 100-token prompt, then one that shares nothing (the session starts over), then the
+    first one extended: its first page (64 positions) comes back from the prefix store, and the text is
+    the one a whole prefill gives."""
+    first = [(13 * j) % 700 + 200 for j in range(100)]
+    settings = ServerSettings(MODEL, max_tokens=MAX_TOKENS, max_pending=4)
+    with live_server(settings, lambda: Engine(MODEL, RunOptions(threads=1), context=CONTEXT)) as live:
+
+        def reply(prompt: list[int], cache_prompt: bool):
+            return live.client().completions.create(
+                model=MODEL,
+                prompt=prompt,
+                max_tokens=4,
+                temperature=0,
+                extra_body={"cache_prompt": cache_prompt},
+            )
+
+        reply(first, True)
+        reply(PROMPTS[0], True)
+        extended = first + [301, 302]
+        cached = reply(extended, True)
+        assert cached.usage.prompt_tokens_details.cached_tokens == 64
+        assert cached.choices[0].text == reply(extended, False).choices[0].text

@@ -46,21 +46,31 @@ def greedy_chain(prompt: list[int], max_tokens: int) -> list[int]:
 
 
 class TokenCache(PageAccounting):
-    """The Engine's side the scheduler uses, over a cache of tokens per slot (its pages taken as the
-    engine's would be)."""
+    """The Engine's side the scheduler uses, its KV entries the token ids themselves (one number per
+    position, in a real paged cache): what a slot holds is read back from its pages, so a page shared,
+    adopted from the prefix store or copied on write wrongly shows in the tokens and the logits."""
 
     invariant_prefill = rewindable = True
 
     def __init__(self, n_slots: int):
         super().__init__(n_slots)
         self.tokenizer = SimpleNamespace(eog_ids=frozenset({EOG}))
-        self.slots: list[list[int]] = [[] for _ in range(n_slots)]
+        self.lengths = [0] * n_slots  # per slot, how many positions it has written (or taken over)
+
+    @property
+    def slots(self) -> list[list[int]]:
+        """Per slot, the token ids its pages hold at its positions."""
+        return [
+            self.cache.entries(0, slot, length)[0].flatten().long().tolist()
+            for slot, length in enumerate(self.lengths)
+        ]
 
     def _write(self, slot: int, start: int, tokens: list[int]) -> torch.Tensor:
-        held = self.slots[slot]
-        assert start <= len(held), f"slot {slot}: writing at {start} past its {len(held)} tokens"
+        assert start <= self.lengths[slot], f"slot {slot}: writing at {start} past its {self.lengths[slot]}"
         self.cache.reserve(slot, start, start + len(tokens))
-        self.slots[slot] = held[:start] + tokens
+        ids = torch.tensor(tokens, dtype=torch.float32).view(-1, 1, 1)
+        self.cache.append(0, slot, start, ids, ids)
+        self.lengths[slot] = start + len(tokens)
         return torch.tensor(logits_after(self.slots[slot]))
 
     def prefill(self, tokens, slot: int, start: int = 0) -> torch.Tensor:
@@ -73,9 +83,13 @@ class TokenCache(PageAccounting):
         return torch.stack(rows)
 
     def copy_prefix(self, source: int, target: int, length: int, state=None) -> None:
-        assert state is None and length <= len(self.slots[source])
+        assert state is None and length <= self.lengths[source]
         self.cache.copy_prefix(source, target, length)
-        self.slots[target] = self.slots[source][:length]
+        self.lengths[target] = length
+
+    def adopt_pages(self, slot: int, pages) -> None:
+        self.cache.adopt(slot, pages)
+        self.lengths[slot] = len(pages) * self.cache.page_size
 
 
 def run_jobs(engine: TokenCache, scheduler: Scheduler, waves: list[list[dict]]) -> list[tuple[Job, list]]:
@@ -181,3 +195,19 @@ def test_a_prompt_that_shares_nothing_leaves_the_cached_prefixes_alone():
     done = run_jobs(engine, scheduler, waves)
     check(engine, scheduler, done)
     assert done[1][0].slot != done[0][0].slot and done[2][0].cached_tokens == len(first)
+
+
+def test_a_prefix_outlives_the_slot_that_computed_it():
+    """One slot: a prompt, then one sharing nothing (the slot starts over), then the first extended: its
+    three whole pages of 4 come back from the prefix store, and the slot holds what it claims."""
+    engine = TokenCache(1)
+    scheduler = Scheduler(engine, Metrics(), max_pending=4, prefill_chunk=4)
+    first = [5, 9, 11, 2, 7, 3, 8, 1, 6, 6, 2, 4]
+    waves = [
+        [{"prompt": first, "max_tokens": 1, "params": GREEDY}],
+        [{"prompt": [4, 4, 6], "max_tokens": 1, "params": GREEDY}],
+        [{"prompt": first + [6, 2], "max_tokens": 2, "params": GREEDY}],
+    ]
+    done = run_jobs(engine, scheduler, waves)
+    check(engine, scheduler, done)
+    assert [job.cached_tokens for job, _, _ in done] == [0, 0, 12]

@@ -46,7 +46,7 @@ class RecurrentCache(TokenCache):
         assert state is not None and len(state) == length
         assert tuple(self.slots[source][:length]) == state, "a saved state the source no longer holds"
         self.cache.copy_prefix(source, target, length)
-        self.slots[target] = self.slots[source][:length]
+        self.lengths[target] = length
         self.state[target] = state
 
 

@@ -47,8 +47,8 @@ class PromptReuse(Protocol):
         """Decode steps ran `tokens` on the slot."""
         ...
 
-    def truncate(self, slot: int, length: int) -> None:
-        """The slot holds only its first `length` tokens (0: its state is unknown)."""
+    def truncate(self, slot: int, length: int, keep_pages: bool = True) -> None:
+        """The slot holds only its first `length` tokens (`keep_pages` False: its state is unknown)."""
         ...
 
 
@@ -152,7 +152,7 @@ class Engine:
             kv_memory = default_kv_memory(self.device)
         self.cache: KVCache = self.model.new_cache(n_slots, self.context, memory=kv_memory, **layout)
         cache = self.cache
-        log.info(
+        log.debug(
             "KV cache: %d pages of %d positions, %.2f GiB (%d sessions x %d tokens need %d)",
             cache.total_pages,
             cache.page_size,
@@ -377,6 +377,10 @@ class Engine:
         """`KVCache.release`: the slot keeps the pages of its first `length` positions only."""
         self.cache.release(slot, length)
 
+    def adopt_pages(self, slot: int, pages: Sequence[int]) -> None:
+        """`KVCache.adopt`: the slot holds `pages` (a prefix store's) as its first, read-only."""
+        self.cache.adopt(slot, pages)
+
     @torch.inference_mode()
     def save_state(self, slot: int, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Copies of the slot's recurrent state, the state after the tokens it has run (into `into`, an
@@ -596,7 +600,7 @@ class Engine:
                     prompt_cache.fed(slot, [token])
         except BaseException:  # a step cut short leaves the slot's state unknown
             if prompt_cache is not None:
-                prompt_cache.truncate(slot, 0)
+                prompt_cache.truncate(slot, 0, keep_pages=False)
             raise
         result.generation_seconds = time.perf_counter() - started
         return result

@@ -29,8 +29,61 @@ import torch
 
 from gufo.engine.engine import Engine
 from gufo.engine.speculative import common_prefix
+from gufo.models.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
+
+
+class PrefixStore:
+    """Full KV pages of prompts kept after the slots that computed them let them go (vLLM's automatic
+    prefix caching): each page is found by the tokens up to its end (a trie of pages: a page's key is
+    its parent page's entry and its own tokens), shared read-only into the next sequence that starts
+    with them, and given back to the pool least recently used first when a reservation lacks pages
+    (`KVCache.reclaim`). Only pages holding the numbers a fresh prefill of their tokens would compute
+    are kept (`PromptCache.reusable`'s rule)."""
+
+    def __init__(self, cache: KVCache):
+        self.cache = cache
+        # (parent entry, the page's tokens) -> (entry, page), least recently used first; entry 0: the root
+        self.entries: OrderedDict[tuple[int, tuple[int, ...]], tuple[int, int]] = OrderedDict()
+        self.next_entry = 1
+        cache.reclaim = self.evict
+
+    def keep(self, tokens: Sequence[int], pages: Sequence[int]) -> None:
+        """Keep pages[i], which holds tokens[i * PAGE:(i + 1) * PAGE] after tokens[:i * PAGE], for each
+        page given (a page already kept for the same tokens stays the one kept)."""
+        size, parent = self.cache.page_size, 0
+        for i, page in enumerate(pages):
+            key = (parent, tuple(tokens[i * size : (i + 1) * size]))
+            if key not in self.entries:
+                self.cache.hold(page)
+                self.entries[key] = (self.next_entry, page)
+                self.next_entry += 1
+            self.entries.move_to_end(key)
+            parent = self.entries[key][0]
+
+    def match(self, tokens: Sequence[int]) -> list[int]:
+        """The kept pages of the longest run of whole pages `tokens` starts with, now the most recently
+        used."""
+        size, parent, pages = self.cache.page_size, 0, []
+        for i in range(len(tokens) // size):
+            key = (parent, tuple(tokens[i * size : (i + 1) * size]))
+            if key not in self.entries:
+                break
+            self.entries.move_to_end(key)
+            parent, page = self.entries[key]
+            pages.append(page)
+        return pages
+
+    def reclaimable(self) -> int:
+        """Pages that only this store holds: what `evict` can give back."""
+        return sum(self.cache.refs[page] == 1 for _, page in self.entries.values())
+
+    def evict(self, count: int) -> None:
+        """Give back up to `count` pages that only this store holds, least recently used first (a page a
+        slot holds too would free nothing; its entry stays)."""
+        for key in [k for k, (_, page) in self.entries.items() if self.cache.refs[page] == 1][:count]:
+            self.cache.drop(self.entries.pop(key)[1])
 
 
 class PromptCache:  # a `gufo.engine.engine.PromptReuse`
@@ -48,15 +101,23 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
             self.state_checkpoints = n_slots
         # (slot, L) -> the slot's state after its first L tokens, least recently saved or resumed first
         self.saved: OrderedDict[tuple[int, int], list[torch.Tensor]] = OrderedDict()
+        # pages the slots let go, for the prompts after them: KV-only caches of one process (a recurrent
+        # state cannot be cut at a page; tensor-parallel ranks would have to mirror the store)
+        self.store = PrefixStore(engine.cache) if engine.rewindable and engine.tensor_parallel == 1 else None
 
     def reusable(self, slot: int, prompt: Sequence[int]) -> int:
         """How many of `prompt`'s first tokens the KV of `slot` holds as the prompt's own fresh prefill
         would compute them: any cached prefix where prefill is batch-invariant, else whole chunks of
         prefilled tokens only; never the last token, whose logits give the first."""
-        reused = min(common_prefix(self.tokens[slot], prompt), len(prompt) - 1)
-        if not self.engine.invariant_prefill:
-            reused = min(reused, self.prefilled[slot]) // self.chunk * self.chunk
-        return reused
+        reused = min(common_prefix(self.tokens[slot], prompt), len(prompt) - 1, self.fresh(slot))
+        return reused if self.engine.invariant_prefill else reused // self.chunk * self.chunk
+
+    def fresh(self, slot: int) -> int:
+        """How many of the slot's first tokens hold the numbers a fresh prefill of them would compute:
+        all where prefill is batch-invariant, else its whole chunks of prefilled tokens."""
+        if self.engine.invariant_prefill:
+            return len(self.tokens[slot])
+        return self.prefilled[slot] // self.chunk * self.chunk
 
     def resumable(self, slot: int, prompt: Sequence[int]) -> int:
         """How many of `prompt`'s first tokens `slot` can go on after: `reusable` where the cache is KV
@@ -77,6 +138,29 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
             return max(((length, s) for s, length in reusable.items()), default=(0, None))
         return max(((at, s) for s, at in self.saved if s != slot and at <= reusable[s]), default=(0, None))
 
+    def stored(self, prompt: Sequence[int]) -> tuple[int, list[int]]:
+        """(length, pages): the longest prefix of `prompt` the store holds, as `reusable` would reuse it
+        (never the last token; whole chunks where prefill is not batch-invariant), and its pages ((0, [])
+        without a store)."""
+        if self.store is None:
+            return 0, []
+        pages = self.store.match(prompt[: len(prompt) - 1])
+        length = len(pages) * self.engine.cache.page_size
+        if not self.engine.invariant_prefill:
+            length = length // self.chunk * self.chunk
+        return length, pages[: self.engine.cache.pages_of(length)]
+
+    def reclaimable(self) -> int:
+        """KV pages only the prefix store holds (0 without one): free for the asking."""
+        return 0 if self.store is None else self.store.reclaimable()
+
+    def adopt(self, slot: int, prompt: Sequence[int], length: int, pages: Sequence[int]) -> None:
+        """`slot` now holds the first `length` tokens of `prompt` in `pages`, the store's (`stored`)."""
+        self.truncate(slot, 0)
+        self.engine.adopt_pages(slot, pages)
+        self.tokens[slot] = list(prompt[:length])
+        self.prefilled[slot] = length
+
     def resumed(self, slot: int, length: int) -> list[torch.Tensor]:
         """The state `slot` saved after its first `length` tokens, now the most recently used."""
         self.saved.move_to_end((slot, length))
@@ -92,11 +176,15 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
             try:
                 self.engine.copy_prefix(slot, slot, length, self.resumed(slot, length))
             except Exception:
-                self.truncate(slot, 0)
+                self.truncate(slot, 0, keep_pages=False)
                 raise
 
-    def truncate(self, slot: int, length: int) -> None:
-        """Keep the slot's first `length` cached tokens, their KV pages, and its states saved within them."""
+    def truncate(self, slot: int, length: int, keep_pages: bool = True) -> None:
+        """Keep the slot's first `length` cached tokens, their KV pages, and its states saved within them;
+        with `keep_pages` (not after a failure) the store keeps the whole pages of reusable tokens first."""
+        if keep_pages and self.store is not None:
+            pages = self.fresh(slot) // self.engine.cache.page_size
+            self.store.keep(self.tokens[slot], self.engine.cache.held[slot][:pages])
         self.engine.release_pages(slot, length)
         del self.tokens[slot][length:]
         self.prefilled[slot] = min(self.prefilled[slot], length)
@@ -148,7 +236,12 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         """Prefill `prompt` on `slot` after the longest prefix the slot can go on after, in chunks that
         start at multiples of `chunk`: the last token's logits and how many tokens were reused."""
         reused = self.resumable(slot, prompt)
-        self.take(slot, reused)
+        stored, pages = self.stored(prompt)
+        if stored > reused:
+            self.adopt(slot, prompt, stored, pages)
+            reused = stored
+        else:
+            self.take(slot, reused)
         position = reused
         try:
             while position < len(prompt):
@@ -156,6 +249,6 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
                 logits = self.prefill_chunk(slot, chunk, position, position + len(chunk) == len(prompt))
                 position += len(chunk)
         except BaseException:  # a chunk cut short leaves the slot's state unknown
-            self.truncate(slot, 0)
+            self.truncate(slot, 0, keep_pages=False)
             raise
         return logits, reused

@@ -11,7 +11,7 @@ recurrent layers' state beside it (`recurrent`, per slot), which snapshots copy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +93,9 @@ class KVCache:
         self.refs = [0] * (total + 1)  # per page, how many slots hold it
         self.free = set(range(1, total + 1))
         self.total_pages = total
+        # asked for at least n more free pages when a reservation lacks them (a prefix store that holds
+        # pages no slot does: `gufo.engine.prompt_cache.PrefixStore`)
+        self.reclaim: Callable[[int], None] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -126,6 +129,7 @@ class KVCache:
         ):
             return  # the common case: a step within pages the slot owns
         needed = self.pages_needed(slot, start, end)
+        self._make_free(needed)
         if needed > len(self.free):
             raise KVMemoryError(
                 f"the KV cache has {len(self.free)} free pages, positions {start}..{end - 1} need {needed}"
@@ -138,6 +142,30 @@ class KVCache:
                 held[i] = copy
         while len(held) < self.pages_of(end):
             held.append(self._take(slot, len(held)))
+        self._write_table(slot)
+
+    def _make_free(self, count: int) -> None:
+        """At least `count` free pages where the reclaim hook can give them back."""
+        if count > len(self.free) and self.reclaim is not None:
+            self.reclaim(count - len(self.free))
+
+    def hold(self, page: int) -> None:
+        """One more holder of `page` besides the slots (a prefix store): it stays out of the pool."""
+        self.refs[page] += 1
+
+    def drop(self, page: int) -> None:
+        """A holder besides the slots lets `page` go: free once no one holds it."""
+        self.refs[page] -= 1
+        if self.refs[page] == 0:
+            self.free.add(page)
+
+    def adopt(self, slot: int, pages: Sequence[int]) -> None:
+        """The slot holds `pages` (held elsewhere: a slot's, a store's) as its first pages, read-only,
+        instead of its own (a write into one copies it first, `reserve`)."""
+        self.release(slot)
+        for page in pages:
+            self.refs[page] += 1
+        self.held[slot] = list(pages)
         self._write_table(slot)
 
     def _take(self, slot: int, index: int) -> int:
@@ -241,14 +269,11 @@ class KVCache:
         if (self.recurrent is None) != (recurrent is None):
             raise ValueError("a prefix of a cache with recurrent state is copied with its saved state, only")
         if source != target:
-            self.release(target)
             full, partial = divmod(length, self.page_size)
-            shared = self.held[source][:full]
+            self.adopt(target, self.held[source][:full])
+            self._make_free(int(partial > 0))
             if partial and not self.free:
                 raise KVMemoryError("the KV cache has no free page for the partial last page of a prefix")
-            for page in shared:
-                self.refs[page] += 1
-            self.held[target] = list(shared)
             if partial:
                 page = self._take(target, full)
                 self._copy_page(self.held[source][full], page)

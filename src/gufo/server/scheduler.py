@@ -271,12 +271,12 @@ class Scheduler:
             self.metrics.finish(event.reason)
         self.waiting.clear()
         for job in list(self.active.values()):
-            self.prompt_cache.truncate(job.slot, 0)
+            self.prompt_cache.truncate(job.slot, 0, keep_pages=False)
             self._finish(job, event)
 
     def _fail(self, job: Job, err: Exception) -> None:
         """End one job with a 500; its slot's KV state is unknown now, so its cached prefix goes."""
-        self.prompt_cache.truncate(job.slot, 0)
+        self.prompt_cache.truncate(job.slot, 0, keep_pages=False)
         self._finish(job, FinishEvent("error", f"generation failed: {err}"))
 
     def _drop_cancelled(self) -> None:
@@ -333,8 +333,9 @@ class Scheduler:
     def _make_room(self, job: Job, slot: int, reused: int) -> bool:
         """Whether the pool can give `job`, in `slot` after its first `reused` cached tokens, every page
         its sequence may take while the running jobs take theirs (each was promised its whole sequence at
-        admission, so none ever runs out); it drops the cached prefixes of idle slots, least recently
-        used first, until it can. A request then never fails for want of KV memory: it waits."""
+        admission, so none ever runs out), counting the pages only the prefix store holds as free; it
+        hands idle slots' cached prefixes to the store, least recently used first, until it can. A
+        request then never fails for want of KV memory: it waits."""
         kv = self.engine.cache
         needed = self._pages_of_job(job) - kv.pages_of(reused)
         promised = sum(max(0, self._pages_of_job(j) - len(kv.held[j.slot])) for j in self.active.values())
@@ -344,24 +345,31 @@ class Scheduler:
             (s for s in range(self.n_slots) if s != slot and s not in self.active and kv.held[s]),
             key=lambda s: self.last_used[s],
         )
-        while kv.free_pages + given_back - promised < needed and idle:
-            self.prompt_cache.truncate(idle.pop(0), 0)
-        return kv.free_pages + given_back - promised >= needed
+        # pages only the prefix store holds are free for the asking (`KVCache.reclaim`)
+        while kv.free_pages + self.prompt_cache.reclaimable() + given_back - promised < needed and idle:
+            self.prompt_cache.truncate(idle.pop(0), 0)  # its pages go to the store
+        return kv.free_pages + self.prompt_cache.reclaimable() + given_back - promised >= needed
 
     def _copy_prefix(self, job: Job) -> None:
         """Copy into the job's slot the longest reusable prefix of its prompt that another slot holds,
-        free or active, when that is more than the job has prefilled; the copied tokens count as cached
-        and cost no prefill. With recurrent state only prefixes another slot saved its state after."""
+        free or active, or that the prefix store keeps (`PromptCache.stored`), when that is more than
+        the job has prefilled; the copied tokens count as cached and cost no prefill. With recurrent
+        state only prefixes another slot saved its state after."""
         if not job.cache_prompt:
             return
         prompt, cache = job.prompt_ids, self.prompt_cache
         length, source = cache.copy_source(job.slot, prompt)
-        if length <= job.prefilled:
+        stored, pages = cache.stored(prompt)
+        if max(length, stored) <= job.prefilled:
             return
-        state = None if self.engine.rewindable else cache.resumed(source, length)
-        self.engine.copy_prefix(source, job.slot, length, state)
+        if stored > length:
+            cache.adopt(job.slot, prompt, stored, pages)
+            length = stored
+        else:
+            state = None if self.engine.rewindable else cache.resumed(source, length)
+            self.engine.copy_prefix(source, job.slot, length, state)
+            cache.copied(source, job.slot, prompt[:length])
         copied = length - job.prefilled
-        cache.copied(source, job.slot, prompt[:length])
         job.prefilled = length
         job.cached_tokens += copied
         self.metrics.admitted(0, copied)
