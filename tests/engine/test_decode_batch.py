@@ -115,7 +115,7 @@ def test_gpu_64_rows_on_the_tensor_rows_equal_their_own_decode_steps(tmp_path, q
     sequences, slots out of order, in steps of 70 rows (a 64-row replay, then 6), 33 (the 48-row bucket,
     15 padding rows) and 17 (the 32-row one): each row bit for bit its own one-token graph step, each
     step reading the KV entries the previous one wrote, and no real slot written past its sequence by
-    the steps (the padding rows write the scratch slot; prefill's padded graph buckets leave KV past a
+    the steps (the padding rows write the trash page; prefill's padded graph buckets leave KV past a
     prompt, which nothing reads before the real token there writes: docs/decisions.md, "Prefill replays
     piecewise CUDA graphs")."""
     path = write_tiny_model(tmp_path / "tiny.gguf", n_embd=256, n_ff=512, head_dim=64, qtype=qtype)
@@ -134,7 +134,10 @@ def test_gpu_64_rows_on_the_tensor_rows_equal_their_own_decode_steps(tmp_path, q
     alone, batched = engines
     assert batched.model.decode_route.name == "cuda:torch-layer-per-token-64-rows"
     assert batched.graph_decoder.max_tokens == 64 and batched.cache.scratch_slot == n
-    after_prefill = [keys[:n].clone() for keys in batched.cache.keys]
+    layers = range(len(batched.cache.keys))
+    after_prefill = {
+        (layer, s): batched.cache.entries(layer, s, 64)[0].clone() for layer in layers for s in range(n)
+    }
     order = [(3 * i) % n for i in range(n)]
     lengths = {slot: len(prompt) for slot, prompt in enumerate(prompts)}
     for step, slots in enumerate((order, order[:33], order[33:50])):
@@ -148,6 +151,6 @@ def test_gpu_64_rows_on_the_tensor_rows_equal_their_own_decode_steps(tmp_path, q
             got = batched.decode_batch(tokens, positions, slots).cpu()
         assert torch.equal(got, want), step
         lengths.update((s, p + 1) for s, p in zip(slots, positions, strict=True))
-    for keys, before in zip(batched.cache.keys, after_prefill, strict=True):
-        for slot, length in lengths.items():
-            assert torch.equal(keys[slot, :, length:], before[slot, :, length:]), slot
+    for (layer, slot), before in after_prefill.items():
+        keys = batched.cache.entries(layer, slot, 64)[0]
+        assert torch.equal(keys[:, lengths[slot] :], before[:, lengths[slot] :]), slot

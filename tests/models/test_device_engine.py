@@ -64,9 +64,10 @@ def test_prefill_graphs_equal_eager_prefill(synth_model):
     want = eager.prefill(prompt, slot=1, all_logits=True)
     assert list(graphed.prefill_graphs.graphs) == [64]
     assert torch.equal(got, want)
-    graphed_kv, eager_kv = graphed.cache.keys + graphed.cache.values, eager.cache.keys + eager.cache.values
-    for mine, theirs in zip(graphed_kv, eager_kv, strict=True):
-        assert torch.equal(mine[1, :, : len(prompt)], theirs[1, :, : len(prompt)])
+    for layer in range(len(eager.cache.keys)):
+        mine, theirs = (engine.cache.entries(layer, 1, len(prompt)) for engine in (graphed, eager))
+        pairs = zip(mine, theirs, strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs)
 
 
 # chunk lengths replayed padded to their bucket (batch 64: buckets 16, 32, 64), and two that fill theirs
@@ -93,9 +94,12 @@ def test_padded_prefill_chunks_agree_with_eager_prefill(synth_model):
             assert diff.finite and diff.max_abs_diff <= bound, (length, position, diff)
             if diff.reference_margin > 2 * bound:
                 assert diff.top1_match, (length, position, diff)
-        for mine, theirs in zip(graphed.cache.keys, eager.cache.keys, strict=True):
-            scale = float(theirs[0, :, :length].abs().max())
-            assert torch.allclose(mine[0, :, :length], theirs[0, :, :length], atol=LOGIT_ULPS * scale)
+        for layer in range(len(eager.cache.keys)):
+            mine, theirs = (
+                graphed.cache.entries(layer, 0, length)[0],
+                eager.cache.entries(layer, 0, length)[0],
+            )
+            assert torch.allclose(mine, theirs, atol=LOGIT_ULPS * float(theirs.abs().max()))
     assert sorted(graphed.prefill_graphs.graphs) == [16, 32, 64]
 
 
@@ -109,10 +113,10 @@ def test_prefill_graphs_serve_every_slot_alike(synth_model):
     second = engine.prefill(prompt, slot=2, all_logits=True)
     assert torch.equal(first, second)
     assert list(engine.prefill_graphs.graphs) == [64]
-    held = slice(0, len(prompt))
-    for layer in engine.cache.keys + engine.cache.values:
-        assert torch.equal(layer[0, :, held], layer[2, :, held])
-        assert not torch.equal(layer[0, :, held], layer[1, :, held])  # slot 1 holds its own prompt
+    for layer in range(len(engine.cache.keys)):
+        zero, one, two = (engine.cache.entries(layer, slot, len(prompt)) for slot in range(3))
+        assert all(torch.equal(a, b) for a, b in zip(zero, two, strict=True))
+        assert not torch.equal(zero[0], one[0])  # slot 1 holds its own prompt
 
 
 @pytest.mark.parametrize("length", [40, 150, 200])

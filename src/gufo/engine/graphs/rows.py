@@ -3,8 +3,9 @@
 Every row count up to EXACT_ROWS has a graph of its own. Past it (a route whose products keep each row's
 numbers up to 64 rows: the tensor-core int8 rows) counts round up to a multiple of BUCKET_STEP, so at
 most three more graphs are captured: 17..32 rows replay the 32-row graph, and so on. The rows a bucket
-has beyond the step's go to a scratch slot of the cache (`KVCache.scratch_slot`) at position 0: they
-write only that slot, read only its first entry, and their logits are dropped. A row's numbers do not
+has beyond the step's go to a scratch slot of the cache (`KVCache.scratch_slot`) at position 0: the
+slot holds no pages, so they write and read only the trash page's first entry, and their logits are
+dropped. A row's numbers do not
 depend on how many rows share its replay, so padding changes no real row.
 """
 
