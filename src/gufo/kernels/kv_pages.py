@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gufo.kernels.staging import staged
+
 TRASH_PAGE = 0  # page id that every position a slot holds no page for names
 PAGE_TOKENS = 64  # the cache's positions per page: a whole number of the decode attention's key tiles
 
@@ -64,7 +66,8 @@ class KVPages:
             first = pages[0] if n_pages else 0
             keys, values = self.keys[:, first : first + n_pages], self.values[:, first : first + n_pages]
         else:
-            ids = torch.tensor(pages, device=self.keys.device)
+            # from pinned memory: a GPU's eager prefill attention must not wait for the work queued before
+            ids = staged(pages, self.keys.device).to(self.keys.device, non_blocking=True)
             keys, values = self.keys[:, ids], self.values[:, ids]
         heads, width = self.keys.shape[0], n_pages * self.page_size
         return (
