@@ -64,8 +64,13 @@ def compare_rows(want: torch.Tensor, got: torch.Tensor) -> dict:
 
 
 def kv_equal(engine: Engine, length: int) -> bool:
-    layers = engine.cache.keys + engine.cache.values
-    return all(torch.equal(x[0, :, :length], x[1, :, :length]) for x in layers)
+    """Whether slots 0 and 1 hold the same keys and values at positions 0..length - 1."""
+    cache = engine.cache
+    for layer in range(len(cache.keys)):
+        pairs = zip(cache.entries(layer, 0, length), cache.entries(layer, 1, length), strict=True)
+        if not all(torch.equal(a, b) for a, b in pairs):
+            return False
+    return True
 
 
 def check(path: str, batch: int, context: int, lengths: list[int], repeats: int) -> dict:

@@ -30,11 +30,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from gufo.gguf.model_file import open_model_file
+from gufo.models.kv_cache import KVCache
 from gufo.server import scheduler as scheduler_module
 from gufo.server.run import listen, make_server
 from gufo.server.settings import ServerSettings
@@ -56,11 +56,13 @@ class StandInEngine:
 
     invariant_prefill = True
     rewindable = True
+    tensor_parallel = 1
 
     def __init__(self, tokenizer: Tokenizer, n_slots: int, device: str):
         self.tokenizer = tokenizer
-        self.cache = SimpleNamespace(n_slots=n_slots)
         self.context = 4096
+        # the scheduler's page accounting on a real cache of one-number entries (no page is ever taken)
+        self.cache = KVCache(1, n_slots, 1, self.context, 1, 1)
         self.device = device
         words = [t for t in tokenizer.encode(TEXT) if t not in tokenizer.eog_ids]
         gen = torch.Generator().manual_seed(0)
@@ -83,6 +85,9 @@ class StandInEngine:
 
     def copy_prefix(self, source: int, target: int, length: int, state=None) -> None:
         pass  # the prompts share a prefix; the stand-in's logits do not depend on the cache
+
+    def release_pages(self, slot: int, length: int) -> None:
+        self.cache.release(slot, length)
 
     def check_fits(self, n_tokens: int) -> None:
         pass

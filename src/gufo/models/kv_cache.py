@@ -23,7 +23,8 @@ from gufo.models.recurrent_state import RecurrentState
 
 
 class KVMemoryError(GufoError):
-    """The pool has fewer free pages than a step needs (a server admits requests by `pages_needed`)."""
+    """The pool has fewer free pages than a step needs (a server admits a request only when the pages
+    of its whole sequence are there, so its steps never meet this)."""
 
 
 @dataclass
