@@ -37,11 +37,24 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, fragment):
     assert fragment in err and len(err.strip().splitlines()) == 1
 
 
-def test_bad_flag_value_is_a_usage_error(capsys):
+@pytest.mark.parametrize(
+    "flag,value", [("--request-timeout", "0"), ("--kv-memory", "0M"), ("--kv-memory", "8GiB")]
+)
+def test_bad_flag_value_is_a_usage_error(capsys, flag, value):
     with pytest.raises(SystemExit) as exited:
-        gufo(capsys, "serve", "--request-timeout", "0")
+        gufo(capsys, "serve", flag, value)
     err = capsys.readouterr().err
-    assert exited.value.code == 2 and "--request-timeout" in err and len(err.strip().splitlines()) == 1
+    assert exited.value.code == 2 and flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_kv_memory_below_one_context_is_one_error_line(capsys):
+    """Found while the model loads (after the server listens): the status line, then one error line."""
+    code, _, err = gufo(capsys, "serve", "-m", MODEL, "-c", "256", "--kv-memory", "1M", "--port", "0")
+    assert code == 2
+    assert err.splitlines()[1:] == [
+        "gufo: error: a KV cache of 0 pages (0 MiB) holds less than one sequence of 256 tokens (the context "
+        "size): more KV memory or a smaller context"
+    ]
 
 
 @pytest.mark.parametrize("port", ["70000", "-1", "http"])

@@ -100,8 +100,12 @@ class ServerState:
             if on_loaded is not None:
                 on_loaded(None)
         except Exception as err:  # reported through /health and the CLI, not as a thread traceback
-            # A traceback helps only when the failure is not one the user can act on.
-            log.error("loading the model failed: %s", err, exc_info=not isinstance(err, GufoError))
+            # A traceback helps only when the failure is not one the user can act on; one the user can
+            # act on is the one line the CLI prints (`serve` raises it), so the log repeats it quietly
+            if isinstance(err, GufoError):
+                log.debug("loading the model failed: %s", err)
+            else:
+                log.error("loading the model failed: %s", err, exc_info=True)
             self.load_error = str(err)
             if on_loaded is not None:
                 on_loaded(err)
