@@ -101,7 +101,9 @@ def test_a_prefix_outlives_its_session():
             )
 
         reply(first, True)
+        assert live.metric("gufo_kv_pages_stored") == 0
         reply(PROMPTS[0], True)
+        assert live.metric("gufo_kv_pages_stored") == 1  # the session started over: `first`'s whole page
         extended = first + [301, 302]
         cached = reply(extended, True)
         assert cached.usage.prompt_tokens_details.cached_tokens == 64

@@ -150,6 +150,11 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
             length = length // self.chunk * self.chunk
         return length, pages[: self.engine.cache.pages_of(length)]
 
+    @property
+    def stored_pages(self) -> int:
+        """KV pages the prefix store keeps (0 without one)."""
+        return 0 if self.store is None else len(self.store.entries)
+
     def reclaimable(self) -> int:
         """KV pages only the prefix store holds (0 without one): free for the asking."""
         return 0 if self.store is None else self.store.reclaimable()

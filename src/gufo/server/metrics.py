@@ -127,6 +127,7 @@ class Metrics:
             "gufo_sessions": "KV slots (sessions).",
             "gufo_kv_pages": "Pages of the KV cache (64 positions each).",
             "gufo_kv_pages_free": "KV pages no session holds (finished requests' cached prefixes hold some).",
+            "gufo_kv_pages_stored": "KV pages the prefix store keeps for later prompts (freed on demand).",
             "gufo_worker_up": "1 while the generation worker runs, 0 once it has stopped (see /health).",
         }
         for name, value in gauges().items():

@@ -223,6 +223,7 @@ class Scheduler:
                 "gufo_sessions": self.n_slots,
                 "gufo_kv_pages": self.engine.cache.total_pages,
                 "gufo_kv_pages_free": self.engine.cache.free_pages,
+                "gufo_kv_pages_stored": self.prompt_cache.stored_pages,
                 "gufo_worker_up": int(self.alive),
             }
 
