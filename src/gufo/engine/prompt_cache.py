@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice
 
 import torch
 
@@ -82,7 +83,8 @@ class PrefixStore:
     def evict(self, count: int) -> None:
         """Give back up to `count` pages that only this store holds, least recently used first (a page a
         slot holds too would free nothing; its entry stays)."""
-        for key in [k for k, (_, page) in self.entries.items() if self.cache.refs[page] == 1][:count]:
+        alone = (key for key, (_, page) in self.entries.items() if self.cache.refs[page] == 1)
+        for key in list(islice(alone, count)):
             self.cache.drop(self.entries.pop(key)[1])
 
 

@@ -30,12 +30,6 @@ class KVPages:
     def page_size(self) -> int:
         return self.keys.shape[2]
 
-    def locate(self, index: torch.Tensor, slots: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(page, offset) of each token's position index[t] ([T] int64) in slot slots[t] (or the one slot
-        given), on the device: no host synchronisation, so a captured graph can write through it."""
-        page = self.table[slots, index // self.page_size]
-        return page, index % self.page_size
-
     def launch_rows(
         self, index: torch.Tensor, slots: torch.Tensor | int
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -48,8 +42,9 @@ class KVPages:
 
     def write(self, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | int) -> None:
         """k [T, Hkv, Dk] and v [T, Hkv, Dv] at positions index ([T] int64) of slots slots[t] (or the one
-        slot given), in the pool's dtype."""
-        page, offset = self.locate(index, slots)
+        slot given), in the pool's dtype; pages and offsets are found on the device (no host
+        synchronisation: a captured graph writes through it)."""
+        page, offset = self.table[slots, index // self.page_size], index % self.page_size
         self.keys[:, page, offset] = k.transpose(0, 1).to(self.keys.dtype)
         self.values[:, page, offset] = v.transpose(0, 1).to(self.values.dtype)
 

@@ -523,8 +523,7 @@ class DecoderModel:
         tokens' KV into `slot` of `cache` as `forward` does. Host positions get their pages here; a
         pass at device positions writes those its caller reserved (`KVCache.reserve`)."""
         if isinstance(start_pos, RowPositions):
-            for row_slot, position in zip(start_pos.slots, start_pos.positions, strict=True):
-                cache.reserve(row_slot, position, position + 1)
+            cache.reserve_rows(start_pos.slots, start_pos.positions)
         elif not isinstance(start_pos, DevicePosition):
             cache.reserve(slot, start_pos, start_pos + tokens.shape[0])
         x = self.embed(tokens)

@@ -124,13 +124,11 @@ class KVCache:
         more) when the pool has too few free pages."""
         if end > self.context:
             raise BadInputError(f"sequence of {end} tokens exceeds the context size {self.context}")
-        held = self.held[slot]
-        if end <= len(held) * self.page_size and all(
-            self.refs[page] == 1 for page in held[start // self.page_size : self.pages_of(end)]
-        ):
-            return  # the common case: a step within pages the slot owns
         needed = self.pages_needed(slot, start, end)
+        if needed == 0:
+            return  # the common case: a step within pages the slot owns
         self._make_free(needed)
+        held = self.held[slot]
         if needed > len(self.free):
             raise KVMemoryError(
                 f"the KV cache has {len(self.free)} free pages, positions {start}..{end - 1} need {needed}"
@@ -145,6 +143,11 @@ class KVCache:
             held.append(self._take(slot, len(held)))
         self._write_table(slot)
 
+    def reserve_rows(self, slots: Sequence[int], positions: Sequence[int]) -> None:
+        """`reserve` for a step of one token per row: row i at positions[i] of slots[i]."""
+        for slot, position in zip(slots, positions, strict=True):
+            self.reserve(slot, position, position + 1)
+
     def _make_free(self, count: int) -> None:
         """At least `count` free pages where the reclaim hook can give them back."""
         if count > len(self.free) and self.reclaim is not None:
@@ -155,7 +158,7 @@ class KVCache:
         self.refs[page] += 1
 
     def drop(self, page: int) -> None:
-        """A holder besides the slots lets `page` go: free once no one holds it."""
+        """A holder (a slot, a prefix store) lets `page` go: free once no one holds it."""
         self.refs[page] -= 1
         if self.refs[page] == 0:
             self.free.add(page)
@@ -197,9 +200,7 @@ class KVCache:
         if len(held) <= keep:
             return
         for page in held[keep:]:
-            self.refs[page] -= 1
-            if self.refs[page] == 0:
-                self.free.add(page)
+            self.drop(page)
         del held[keep:]
         self._write_table(slot)
 
@@ -217,17 +218,13 @@ class KVCache:
             held = held + [TRASH_PAGE] * (self.pages_of(end) - len(held))
         return self.pages(layer).entries(slot, end, held)
 
-    def append(
-        self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v ([T, kv_heads, dim]) at positions start.. (reserved); return the slot's entries up
-        to them, [kv_heads, start + T, dim] each."""
+    def append(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k, v ([T, kv_heads, dim]) at positions start.. of the slot (reserved: `reserve`)."""
         end = start + k.shape[0]
         if end > len(self.held[slot]) * self.page_size:
             raise RuntimeError(f"positions up to {end - 1} of slot {slot} hold no pages: reserve them first")
         index = torch.arange(start, end, device=self.table.device)
         self.pages(layer).write(index, k, v, slot)
-        return self.entries(layer, slot, end)
 
     def write(
         self, layer: int, slot: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -346,10 +346,13 @@ class Scheduler:
             (s for s in range(self.n_slots) if s != slot and s not in self.active and kv.held[s]),
             key=lambda s: self.last_used[s],
         )
-        # pages only the prefix store holds are free for the asking (`KVCache.reclaim`)
-        while kv.free_pages + self.prompt_cache.reclaimable() + given_back - promised < needed and idle:
+
+        def room() -> int:  # pages only the prefix store holds are free for the asking (`KVCache.reclaim`)
+            return kv.free_pages + self.prompt_cache.reclaimable() + given_back - promised
+
+        while room() < needed and idle:
             self.prompt_cache.truncate(idle.pop(0), 0)  # its pages go to the store
-        return kv.free_pages + self.prompt_cache.reclaimable() + given_back - promised >= needed
+        return room() >= needed
 
     def _copy_prefix(self, job: Job) -> None:
         """Copy into the job's slot the longest reusable prefix of its prompt that another slot holds,

@@ -186,8 +186,7 @@ class GraphDecoder:
         row at position 0 starts its slot's recurrent state afresh (cleared here: the step continues each).
         `tokens` may be ids on the device. The inputs travel from pinned memory without waiting for
         the device: a copy from pageable memory would first wait for every step queued before."""
-        for slot, position in zip(slots, positions, strict=True):
-            self.cache.reserve(slot, position, position + 1)
+        self.cache.reserve_rows(slots, positions)
         return self._rows_step(tokens, positions, slots)
 
     def _rows_step(

@@ -5,8 +5,8 @@ numbers up to 64 rows: the tensor-core int8 rows) counts round up to a multiple 
 most three more graphs are captured: 17..32 rows replay the 32-row graph, and so on. The rows a bucket
 has beyond the step's go to a scratch slot of the cache (`KVCache.scratch_slot`) at position 0: the
 slot holds no pages, so they write and read only the trash page's first entry, and their logits are
-dropped. A row's numbers do not
-depend on how many rows share its replay, so padding changes no real row.
+dropped. A row's numbers do not depend on how many rows share its replay, so padding changes no real
+row.
 """
 
 from __future__ import annotations
