@@ -33,17 +33,17 @@ SHAPES = [(4096, 4096), (12288, 4096), (4096, 12288), (151936, 4096)]  # (N, K)
 TINY_SHAPES = [(72, 512)]
 ROWS = [1, 16, 32, 64, 256, 512]
 TINY_ROWS = [1, 16]
-# (BLOCK_M, BLOCK_N, STEP, num_warps, num_stages): the kernel as it runs (64, 64, 128, 4, Triton's default
-# 3), the 16-row tile before it, wider output tiles (the activations read once for more weight rows), and
-# deeper pipelines and taller tiles, GEMM-like, for many rows
+# (BLOCK_M, BLOCK_N, STEP, num_warps, num_stages): the kernel as it runs (rows_half.BLOCK_M, HALF_TILE),
+# then wider output tiles (the activations read once for more weight rows), deeper pipelines (more weight
+# bytes in flight per program: a one-row product is bound by them), and both
 CANDIDATES = [
     (64, 64, 128, 4, 3),
-    (16, 64, 128, 4, 3),
+    (64, 64, 64, 4, 5),
     (64, 128, 64, 4, 3),
-    (64, 128, 64, 8, 3),
-    (64, 256, 64, 8, 3),
     (64, 128, 64, 4, 4),
-    (128, 128, 64, 8, 3),
+    (64, 128, 64, 8, 4),
+    (64, 128, 128, 4, 3),
+    (64, 256, 64, 8, 3),
 ]
 TINY_CANDIDATES = [(64, 64, 128, 4, 3), (16, 64, 128, 4, 3)]
 REP_MS = 10

@@ -325,7 +325,7 @@ def gemv(
     ids: tuple[torch.Tensor | None, ...] = ()  # the vector kernels' ids_ptr (None: not indexed)
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
     if half:
-        block_n, step, _ = rows_half.HALF_TILE
+        block_n, step = rows_half.HALF_TILE[:2]
         kernel, block_m, int8 = None, rows_half.BLOCK_M, False
     elif tensor:
         tile = tensor_config(weight.qtype, m)

@@ -31,7 +31,7 @@ Q = GGMLQuantizationType
 
 BLOCK_M = 64  # activation rows per tile, whatever M is (a warp group's float16 tensor-core tile height)
 MAX_HALF_ROWS = 64  # most rows per product on this route (decode rows): one tile
-HALF_TILE = (64, 128, 4)  # BLOCK_N, STEP, num_warps: compiled without scratch for sm_90 (gufo kernels own)
+HALF_TILE = (64, 128, 4, 3)  # BLOCK_N, STEP, num_warps, num_stages: no scratch for sm_90 (gufo kernels own)
 HALF_ROW_FORMATS = (Q.F16,)  # the weights this route multiplies (TritonLinear makes every weight one)
 
 
@@ -72,8 +72,8 @@ def launch(
     planes; grid (row tiles of BLOCK_M, output tiles of HALF_TILE's BLOCK_N, splits); `options` the
     dependent-launch ones (DependentLaunch.options)."""
     m, k = x.shape
-    block_n, step, warps = HALF_TILE
+    block_n, step, warps, stages = HALF_TILE
     rows_f16[grid](
         x, planes[0], out, m, out.shape[-1], k, x.stride(0), n_steps, per_split,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, STEP=step, num_warps=warps, **options,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, STEP=step, num_warps=warps, num_stages=stages, **options,
     )  # fmt: skip
