@@ -211,3 +211,35 @@ def test_a_prefix_outlives_the_slot_that_computed_it():
     done = run_jobs(engine, scheduler, waves)
     check(engine, scheduler, done)
     assert [job.cached_tokens for job, _, _ in done] == [0, 0, 12]
+
+
+def test_a_closed_event_loop_stops_no_other_generation():
+    """A job's events can reach its event loop after the loop has closed (a library caller's
+    `asyncio.run` that returned before the job ended): they go nowhere, and the next loop's jobs get
+    their tokens."""
+    engine = TokenCache(2)
+    scheduler = Scheduler(engine, Metrics(), max_pending=4, prefill_chunk=4)
+    first = next(p for p in prompts(9, [3, 1, 4]) if EOG not in greedy_chain(p, 30))  # runs all 30 steps
+    second = prompts(2, [2, 7])[1]
+
+    async def first_token_only() -> int:
+        job = Job(first, 30, GREEDY, asyncio.get_running_loop())
+        scheduler.submit(job)
+        return (await job.events.get()).token  # the loop closes with 29 tokens still to come
+
+    async def complete() -> list[int]:
+        job = Job(second, 8, GREEDY, asyncio.get_running_loop())
+        scheduler.submit(job)
+        tokens = []
+        while not isinstance(event := await job.events.get(), FinishEvent):
+            tokens.append(event.token)
+        return tokens
+
+    scheduler.start()
+    try:
+        assert asyncio.run(first_token_only()) == greedy_chain(first, 1)[0]
+        # (a dead worker would never answer: a timeout, not a hang)
+        assert asyncio.run(asyncio.wait_for(complete(), 60)) == greedy_chain(second, 8)
+        assert scheduler.alive
+    finally:
+        scheduler.stop()

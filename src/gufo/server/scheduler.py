@@ -116,7 +116,14 @@ class Outbox:
     def flush(self) -> None:
         events, self._events = self._events, {}
         for loop, items in events.items():
-            loop.call_soon_threadsafe(_deliver, items)
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:
+                if not loop.is_closed():
+                    raise
+                # nobody can wait on a closed loop's queues (a cancelled job's handler has gone): its
+                # events go nowhere, and the other jobs' generation goes on
+                log.debug("dropped %d events of a closed event loop", len(items))
 
 
 def _deliver(items: list[tuple[asyncio.Queue, object]]) -> None:
