@@ -59,8 +59,7 @@ class Timings:
             start = time.perf_counter()
             result = method(*args, **kwargs)
             self._sync()
-            size = len(args[0]) if args and hasattr(args[0], "__len__") else 0  # tokens or rows (copies: 0)
-            self.calls[name].append((size, time.perf_counter() - start))
+            self.calls[name].append((len(args[0]), time.perf_counter() - start))  # tokens or rows
             return result
 
         return call

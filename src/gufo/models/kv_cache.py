@@ -127,12 +127,8 @@ class KVCache:
         needed = self.pages_needed(slot, start, end)
         if needed == 0:
             return  # the common case: a step within pages the slot owns
-        self._make_free(needed)
+        self._make_free(needed, f"positions {start}..{end - 1} need")
         held = self.held[slot]
-        if needed > len(self.free):
-            raise KVMemoryError(
-                f"the KV cache has {len(self.free)} free pages, positions {start}..{end - 1} need {needed}"
-            )
         for i in range(start // self.page_size, min(len(held), self.pages_of(end))):
             if self.refs[held[i]] > 1:  # shared: this slot writes into a copy of its own
                 copy = self._take(slot, i)
@@ -148,13 +144,16 @@ class KVCache:
         for slot, position in zip(slots, positions, strict=True):
             self.reserve(slot, position, position + 1)
 
-    def _make_free(self, count: int) -> None:
-        """At least `count` free pages where the reclaim hook can give them back."""
+    def _make_free(self, count: int, need: str) -> None:
+        """At least `count` free pages, the reclaim hook asked for those missing; raises KVMemoryError
+        when the pool has no more, its message "... free pages, {need} {count}"."""
         if count > len(self.free) and self.reclaim is not None:
             self.reclaim(count - len(self.free))
+        if count > len(self.free):
+            raise KVMemoryError(f"the KV cache has {len(self.free)} free pages, {need} {count}")
 
     def hold(self, page: int) -> None:
-        """One more holder of `page` besides the slots (a prefix store): it stays out of the pool."""
+        """One more holder of `page` (a slot, a prefix store): it stays out of the pool."""
         self.refs[page] += 1
 
     def drop(self, page: int) -> None:
@@ -168,7 +167,7 @@ class KVCache:
         instead of its own (a write into one copies it first, `reserve`)."""
         self.release(slot)
         for page in pages:
-            self.refs[page] += 1
+            self.hold(page)
         self.held[slot] = list(pages)
         self._write_table(slot)
 
@@ -269,10 +268,8 @@ class KVCache:
         if source != target:
             full, partial = divmod(length, self.page_size)
             self.adopt(target, self.held[source][:full])
-            self._make_free(int(partial > 0))
-            if partial and not self.free:
-                raise KVMemoryError("the KV cache has no free page for the partial last page of a prefix")
             if partial:
+                self._make_free(1, "copying a prefix's partial last page needs")
                 page = self._take(target, full)
                 self._copy_page(self.held[source][full], page)
                 self.held[target].append(page)

@@ -121,8 +121,8 @@ class Outbox:
             except RuntimeError:
                 if not loop.is_closed():
                     raise
-                # nobody can wait on a closed loop's queues (a cancelled job's handler has gone): its
-                # events go nowhere, and the other jobs' generation goes on
+                # nobody can wait on a closed loop's queues (its caller has returned): the events go
+                # nowhere, and the other jobs' generation goes on
                 log.debug("dropped %d events of a closed event loop", len(items))
 
 
