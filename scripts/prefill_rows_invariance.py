@@ -6,7 +6,8 @@ determinism contract); if not, which M change them says where cuBLAS switches ke
 For each (N, K) of a Qwen3-8B layer and its output, random float16 operands, the product of the first M
 rows of one activation matrix for every M listed, each compared with the same rows of the largest M's
 product, bit for bit; and the time per product (CUDA events, median of `--reps`), to see what packing
-prompts into taller products would save. One JSON object per (N, K, M) on stdout.
+prompts into taller products would save, and (rows 1..64) what decode rows would cost on a float16 copy of
+the weights. One JSON object per (N, K, M) on stdout.
 
     python scripts/prefill_rows_invariance.py
     python scripts/prefill_rows_invariance.py --rows 65,128,512,4096 --reps 20
@@ -21,7 +22,7 @@ import statistics
 import torch
 
 SHAPES = ((4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288), (151936, 4096))  # Qwen3-8B (N, K)
-ROWS = (65, 96, 128, 192, 256, 300, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 65, 96, 128, 192, 256, 300, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 
 
 def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
