@@ -5,7 +5,8 @@ wave.
 
 Per concurrency, two waves after a discarded warm-up wave: the first untouched (its wall seconds and
 aggregate tokens/s: the ceiling of a server without HTTP), the second with every engine call synchronized
-and timed to its end (the device's work included): prefill passes (count, tokens, ms), decode steps
+and timed to its end (the device's work included): prefill calls (`prefill_parts`: a step's chunks, in
+one pass where the engine packs them; count, tokens, ms), decode steps
 (count, rows, ms) and the rest of the wave (the scheduler's host time and its waits).
 The second wave runs slower than the first (no step is queued behind another): its parts say where the
 time goes, the first wave what it adds up to.
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from gufo.engine.engine import Engine
+from gufo.engine.engine import Engine, PrefillPart
 from gufo.engine.params import SamplingParams
 from gufo.options import ROW_PRODUCTS, KernelOptions, RunOptions
 from gufo.server.metrics import Metrics
@@ -37,6 +38,12 @@ from gufo.server.scheduler import FinishEvent, Job, Scheduler
 from gufo.server.settings import DEFAULT_PREFILL_CHUNK
 
 GREEDY = SamplingParams(temperature=0.0)
+
+
+def size(first: Any) -> int:
+    """A call's tokens (prefill_parts: its parts' in all) or rows (decode_batch)."""
+    parts = isinstance(first, list) and first and isinstance(first[0], PrefillPart)
+    return sum(len(part.tokens) for part in first) if parts else len(first)
 
 
 class Timings:
@@ -59,7 +66,7 @@ class Timings:
             start = time.perf_counter()
             result = method(*args, **kwargs)
             self._sync()
-            self.calls[name].append((len(args[0]), time.perf_counter() - start))  # tokens or rows
+            self.calls[name].append((size(args[0]), time.perf_counter() - start))
             return result
 
         return call
@@ -137,19 +144,26 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--row-products", choices=ROW_PRODUCTS, default="vector", help="as gufo serve's")
     parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="as gufo serve's")
+    parser.add_argument("--prefill-batch", type=int, default=None, help="as gufo serve's")
     parser.add_argument("--ctx", type=int, default=768, help="context per session (default 768)")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     options = RunOptions(device=args.device, kernels=KernelOptions(row_products=args.row_products))
     engine = Engine(args.file, options, context=args.ctx, n_slots=max(levels), batch_size=args.prefill_chunk)
     engine.prepare_rows(engine.cache.n_slots)  # as the server does before its first request
-    engine.prepare_prefill(args.prefill_chunk)
-    timings = Timings(engine, ("prefill", "decode_batch"))
-    scheduler = Scheduler(engine, Metrics(), max_pending=max(levels), prefill_chunk=args.prefill_chunk)
+    scheduler = Scheduler(
+        engine, Metrics(), max(levels), prefill_chunk=args.prefill_chunk, prefill_batch=args.prefill_batch
+    )
+    engine.prepare_prefill(args.prefill_chunk, scheduler.prefill_batch)
+    timings = Timings(engine, ("prefill_parts", "decode_batch"))
     scheduler.start()
     try:
         for c in levels:
-            row = {"route": engine.model.decode_route.name, **run(engine, scheduler, timings, c, args)}
+            row = {
+                "route": engine.model.decode_route.name,
+                "prefill_batch": scheduler.prefill_batch,
+                **run(engine, scheduler, timings, c, args),
+            }
             print(json.dumps(row), flush=True)
     finally:
         scheduler.stop()

@@ -80,8 +80,14 @@ class StandInEngine:
     def prepare_rows(self, n_rows: int) -> None:
         pass
 
-    def prepare_prefill(self, max_tokens: int) -> None:
+    def prepare_prefill(self, max_tokens: int, packed_tokens: int = 0) -> None:
         pass
+
+    def packs_prefill(self, n_tokens: int) -> bool:
+        return False
+
+    def prefill_parts(self, parts) -> list[torch.Tensor]:
+        return [self.prefill_row for _ in parts]
 
     def copy_prefix(self, source: int, target: int, length: int, state=None) -> None:
         pass  # the prompts share a prefix; the stand-in's logits do not depend on the cache

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from gufo.engine.engine import Engine
+from gufo.engine.engine import Engine, PrefillPart
 from gufo.options import RunOptions
 from gufo.tools.quality.logit_diff import compare_logits
 from gufo.tools.quality.validate_prefill import validate_prefill
@@ -128,6 +128,30 @@ def test_chunked_prefill_repeats_bit_for_bit(synth_model, length):
     first = engine.prefill(prompt, all_logits=True)
     engine.prefill(list(range(200, 200 + length - 3)), all_logits=True)
     assert torch.equal(engine.prefill(prompt, all_logits=True), first)
+
+
+def test_packed_prefill_gives_each_part_its_numbers_alone(synth_model):
+    """Chunks of more than 64 tokens of three sequences in one packed pass (`prefill_parts`: one replay of
+    their rows, padded to 512, each part's attention over its own slot) give each part the last logits
+    and the KV its chunk gets alone (`prefill`, its own bucket), bit for bit; twice, the second time
+    deeper in the slots. The oracle is the engine's single-sequence prefill, itself checked against
+    the CPU engine and eager layers above."""
+    options = RunOptions(device="cuda")
+    packed = Engine(synth_model, options=options, context=512, n_slots=3, batch_size=256)
+    alone = Engine(synth_model, options=options, context=512, n_slots=3, batch_size=256)
+    prompts = [[1 + (11 * i + 3 * slot) % 500 for i in range(400)] for slot in range(3)]
+    cuts = [(0, 150), (0, 100), (0, 200)], [(150, 250), (100, 300), (200, 290)]  # 450 rows, then 390
+    for rounds in cuts:
+        parts = [PrefillPart(slot, a, prompts[slot][a:b]) for slot, (a, b) in enumerate(rounds)]
+        got = packed.prefill_parts(parts)
+        want = [alone.prefill(part.tokens, part.slot, part.start) for part in parts]
+        for part, mine, theirs in zip(parts, got, want, strict=True):
+            assert torch.equal(mine, theirs), (part.slot, part.start, float((mine - theirs).abs().max()))
+    assert 512 in packed.prefill_graphs.graphs  # the packed pass replayed, not each part alone
+    for layer in range(len(alone.cache.keys)):
+        for slot, (_, end) in enumerate(cuts[1]):
+            mine, theirs = packed.cache.entries(layer, slot, end), alone.cache.entries(layer, slot, end)
+            assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True)), (layer, slot)
 
 
 def test_a_server_captures_its_prefill_buckets_at_load(synth_model):

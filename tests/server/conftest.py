@@ -136,3 +136,9 @@ class PageAccounting:
 
     def release_pages(self, slot: int, length: int) -> None:
         self.cache.release(slot, length)
+
+    def packs_prefill(self, n_tokens: int) -> bool:
+        return False  # one prefill per chunk, as Engine.prefill_parts runs chunks that cannot share a pass
+
+    def prefill_parts(self, parts) -> list:
+        return [self.prefill(part.tokens, part.slot, part.start) for part in parts]

@@ -107,7 +107,8 @@ def test_with_batch_invariant_prefill_the_whole_shared_prefix_is_copied():
         ("prefill", 0, 0, 8), ("copy", 0, 1, 8),
         ("prefill", 0, 8, 8), ("copy", 0, 1, 16),
         ("prefill", 0, 16, 8), ("copy", 0, 1, 20),  # the rest of job 1's chunk (4) would pass 0
-        ("prefill", 1, 20, 4), ("copy", 1, 2, 20), ("prefill", 2, 20, 4), ("decode", 1),  # 8 tokens
+        # 8 tokens: the step's chunks run after its copies (together where the engine packs them)
+        ("copy", 1, 2, 20), ("prefill", 1, 20, 4), ("prefill", 2, 20, 4), ("decode", 1),
         ("decode", 2),
     ]  # fmt: skip
     assert [j.cached_tokens for j in jobs] == [0, 20, 20]

@@ -22,7 +22,7 @@ from gufo.cli.common import (
 )
 from gufo.gguf.aliases import ALIASES, DEFAULT_MODEL
 from gufo.options import POOLINGS
-from gufo.server.settings import DEFAULT_PREFILL_CHUNK, ServerSettings
+from gufo.server.settings import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK, ServerSettings
 from gufo.tokenizer.chat import BUILTIN_TEMPLATES
 
 DEFAULTS = ServerSettings(model_id="")
@@ -155,8 +155,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--prefill-chunk",
         type=positive_int,
         default=DEFAULT_PREFILL_CHUNK,
-        help=f"prompt tokens prefilled per scheduler step, between decode steps; chunks end at multiples "
-        f"of it (default {DEFAULT_PREFILL_CHUNK}; also -b's default)",
+        help=f"prompts are prefilled in chunks that end at multiples of this many tokens, whatever else "
+        f"runs, so a prompt's numbers never depend on the load (default {DEFAULT_PREFILL_CHUNK}; also -b's "
+        "default)",
+    )
+    parser.add_argument(
+        "--prefill-batch",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="prompt tokens prefilled per scheduler step, between decode steps, over the waiting prompts in "
+        "turn (a step's first chunk always runs); on a GPU, where every layer is dense attention, their "
+        "chunks of more than 64 tokens share one forward pass (up to 16 a pass), so that many arriving "
+        f"prompts cost fewer passes; more per step delays the running streams' next token longer (default: "
+        f"{DEFAULT_PREFILL_BATCH} where chunks share passes, else --prefill-chunk)",
     )
     parser.add_argument(
         "--state-checkpoints",
@@ -251,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         api_key=args.api_key,
         prefill_chunk=args.prefill_chunk,
+        prefill_batch=args.prefill_batch,
         state_checkpoints=args.state_checkpoints,
         speculative=speculative,
         draft_model=args.draft_model,

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from gufo.engine.constraint import TokenConstraint
-from gufo.engine.graphs.chunks import prepared_sizes, replay_size
+from gufo.engine.graphs.chunks import PACKED_MIN_TOKENS, pack_bucket, pack_sizes, prepared_sizes, replay_size
 from gufo.engine.graphs.rows import EXACT_ROWS
 from gufo.engine.loader import LoadProgress, load_model, open_checked
 from gufo.engine.memory import default_kv_memory, peak_memory_bytes
@@ -24,6 +24,7 @@ from gufo.errors import BadInputError
 from gufo.gguf.model_file import ModelFile
 from gufo.kernels import backends, profiling
 from gufo.kernels.positions import RowPositions
+from gufo.models.base import PER_TOKEN_MAX_TOKENS
 from gufo.models.kv_cache import CacheSnapshot, KVCache
 from gufo.models.registry import build_model
 from gufo.options import DEFAULT_BATCH, DEFAULT_CONTEXT, POOLINGS, RunOptions
@@ -104,6 +105,20 @@ class HiddenRows:
         return out
 
 
+# Most chunks one packed prefill pass takes: their last rows go through the output product together, which
+# gives each row its one-row numbers up to this many rows (the skinny products' limit)
+PACKED_MAX_PARTS = PER_TOKEN_MAX_TOKENS
+
+
+@dataclass(frozen=True)
+class PrefillPart:
+    """One sequence's prefill chunk: `tokens` at positions `start`.. of `slot` (`Engine.prefill_parts`)."""
+
+    slot: int
+    start: int
+    tokens: Sequence[int]
+
+
 class Engine:
     """One process's model on one device. `gufo.parallel.ShardedEngine` runs a rank of a
     tensor-parallel launch by overriding the steps that touch the model (`forward`, `decode_step`,
@@ -147,7 +162,10 @@ class Engine:
         # a server's rows); graphs past EXACT_ROWS rows are bucketed, their padding rows on a scratch slot
         graphs = options.graphs and self.backend == "cuda" and self.model.graph_capturable
         limit = (route.max_tokens or 1) if route.batch_invariant and self.multi_token_graphs else 1
-        layout = {"scratch": True} if graphs and self.batched_rows and limit > EXACT_ROWS else {}
+        # and the padding rows of packed prefill passes (`prefill_parts`), where prefill replays graphs
+        packs = graphs and self.multi_token_graphs and options.profile is None
+        scratch = graphs and self.batched_rows and (limit > EXACT_ROWS or packs)
+        layout = {"scratch": True} if scratch else {}
         if kv_memory is None:
             kv_memory = default_kv_memory(self.device)
         self.cache: KVCache = self.model.new_cache(n_slots, self.context, memory=kv_memory, **layout)
@@ -177,7 +195,7 @@ class Engine:
         # prefill chunks replay piecewise graphs around the attention, one set per bucket of chunk lengths
         # (gufo.engine.graphs.chunks; eager prefill runs the same kernels: profiling takes that)
         self.prefill_graphs = None
-        if self.graph_decoder is not None and self.multi_token_graphs and options.profile is None:
+        if self.graph_decoder is not None and packs:
             from gufo.engine.graphs.prefill import PrefillGraphs
 
             if PrefillGraphs.supports(self.model):
@@ -274,12 +292,72 @@ class Engine:
         return replay_size(n_tokens, start, self.batch_size, self.cache.context)
 
     @torch.inference_mode()
-    def prepare_prefill(self, max_tokens: int) -> None:
+    def prepare_prefill(self, max_tokens: int, packed_tokens: int = 0) -> None:
         """Capture now the prefill graphs that chunks of up to `max_tokens` tokens replay (a server's
-        --prefill-chunk), one set per bucket, so that the first prompts do not pay for captures (logged
-        with the time taken). At load only: the warm-ups write slot 0's first KV entries."""
+        --prefill-chunk), one set per bucket, and those of packed passes of up to `packed_tokens` rows
+        (`prefill_parts`; a server's --prefill-batch), so that the first prompts do not pay for captures
+        (logged with the time taken). At load only: the warm-ups write slot 0's first KV entries."""
         if self.prefill_graphs is not None:
-            self.prefill_graphs.prepare(prepared_sizes(max_tokens, self.batch_size, self.cache.context))
+            sizes = prepared_sizes(max_tokens, self.batch_size, self.cache.context)
+            if self.packs_prefill(PACKED_MIN_TOKENS + 1) and packed_tokens > 2 * PACKED_MIN_TOKENS:
+                sizes = tuple(sorted({*sizes, *pack_sizes(packed_tokens)}))
+            self.prefill_graphs.prepare(sizes)
+
+    def packs_prefill(self, n_tokens: int) -> bool:
+        """Whether a chunk of `n_tokens` tokens may share a prefill pass with other sequences' chunks
+        (`prefill_parts`) with its numbers unchanged: where prefill replays graphs (plain attention and
+        dense FFNs on a GPU) and the chunk is long enough that alone it takes the prefill route in every
+        product, whose rows keep their numbers at any row count (the determinism contract; checked on
+        the GPU by tests/models/test_device_engine.py)."""
+        return (
+            self.prefill_graphs is not None
+            and self.cache.scratch_slot is not None
+            and n_tokens > (PACKED_MIN_TOKENS)
+        )
+
+    @torch.inference_mode()
+    def prefill_parts(self, parts: Sequence[PrefillPart]) -> list[torch.Tensor]:
+        """`prefill` of several sequences' chunks: each part's last token's logits [vocab] on the host,
+        in order. The parts that `packs_prefill` run in passes of up to PACKED_MAX_PARTS of them (one graph
+        replay of their rows, each part's attention over its own slot), the others one after another.
+        Either way each part's numbers are those `prefill` gives it alone."""
+        for part in parts:
+            self.check_fits(part.start + len(part.tokens))
+            if not part.tokens:
+                raise BadInputError("empty prompt: nothing to evaluate")
+        packable = [i for i, part in enumerate(parts) if self.packs_prefill(len(part.tokens))]
+        if len(packable) < 2:
+            packable = []
+        logits: list[torch.Tensor | None] = [None] * len(parts)
+        for first in range(0, len(packable), PACKED_MAX_PARTS):
+            group = packable[first : first + PACKED_MAX_PARTS]
+            if len(group) == 1:
+                break  # a last one on its own runs alone, below
+            for index, row in zip(group, self._packed_pass([parts[i] for i in group]), strict=True):
+                logits[index] = row
+        for index, part in enumerate(parts):
+            if logits[index] is None:
+                logits[index] = self.prefill(part.tokens, part.slot, part.start)
+        return logits
+
+    def _packed_pass(self, parts: Sequence[PrefillPart]) -> list[torch.Tensor]:
+        """One graph replay of the parts' rows (`PrefillGraphs.hidden_parts`): each part's last logits."""
+        from gufo.engine.graphs.prefill import Segment
+
+        segments, row = [], 0
+        for part in parts:
+            self.cache.reserve(part.slot, part.start, part.start + len(part.tokens))
+            segments.append(Segment(part.slot, part.start, len(part.tokens), row))
+            row += len(part.tokens)
+        ids = torch.tensor([token for part in parts for token in part.tokens], dtype=torch.long)
+        with profiling.phase_range(self.options.profile, profiling.PREFILL_RANGE):
+            hidden = self.prefill_graphs.hidden_parts(segments, ids, pack_bucket(row))
+            if self.hidden_rows is not None:  # the graphs' buffer is reused: copies
+                for seg in segments:
+                    rows = hidden[seg.row : seg.row + seg.n_tokens].clone()
+                    self.hidden_rows.record(seg.slot, seg.start, rows)
+            last = hidden[[seg.row + seg.n_tokens - 1 for seg in segments]]
+            return list(self.model.head(last, all_logits=True).cpu())
 
     @torch.inference_mode()
     def embed(self, tokens: Sequence[int], pooling: str = "mean") -> torch.Tensor:

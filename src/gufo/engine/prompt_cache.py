@@ -28,7 +28,7 @@ from itertools import islice
 
 import torch
 
-from gufo.engine.engine import Engine
+from gufo.engine.engine import Engine, PrefillPart
 from gufo.engine.speculative import common_prefix
 from gufo.models.kv_cache import KVCache
 
@@ -212,12 +212,19 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         """Prefill `chunk` (`next_chunk`) at `start` of `slot`, after what it holds (its prompt's last
         when `prompt_ends`): the last token's logits. The slot's state is saved at a multiple of `chunk`
         and, where prefill is batch-invariant, at a prompt's end."""
-        logits = self.engine.prefill(chunk, slot, start=start)
-        self.tokens[slot].extend(chunk)
-        length = self.prefilled[slot] = len(self.tokens[slot])
-        at_end = prompt_ends and self.engine.invariant_prefill
-        if self.state_checkpoints and (length % self.chunk == 0 or at_end):
-            self.save_state(slot, length)
+        return self.prefill_chunks([PrefillPart(slot, start, chunk)], [prompt_ends])[0]
+
+    def prefill_chunks(self, parts: Sequence[PrefillPart], prompt_ends: Sequence[bool]) -> list[torch.Tensor]:
+        """`prefill_chunk` of several slots' chunks (one part per slot), through `Engine.prefill_parts`,
+        which runs those it can in one pass: each part's last token's logits, in order."""
+        logits = self.engine.prefill_parts(parts)
+        for part, ends in zip(parts, prompt_ends, strict=True):
+            slot = part.slot
+            self.tokens[slot].extend(part.tokens)
+            length = self.prefilled[slot] = len(self.tokens[slot])
+            at_end = ends and self.engine.invariant_prefill
+            if self.state_checkpoints and (length % self.chunk == 0 or at_end):
+                self.save_state(slot, length)
         return logits
 
     def fed(self, slot: int, tokens: Sequence[int]) -> None:

@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 import torch
 
 from gufo.engine.constraint import BatchMasker, TokenConstraint
-from gufo.engine.engine import Engine
+from gufo.engine.engine import Engine, PrefillPart
 from gufo.engine.prompt_cache import PromptCache
 from gufo.engine.sampling import QueuedTokens, Sampler, SamplingParams, first_max_queued, greedy_split
 from gufo.engine.speculative import SpeculativeStats, Speculator, common_prefix
 from gufo.server.metrics import Metrics
-from gufo.server.settings import DEFAULT_PREFILL_CHUNK
+from gufo.server.settings import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK
 
 log = logging.getLogger(__name__)
 
@@ -148,15 +148,22 @@ class Scheduler:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         speculators: list[Speculator] | None = None,
         state_checkpoints: int | None = None,
+        prefill_batch: int | None = None,
     ):
         """`speculators`: one per KV slot (its proposer state belongs to that slot), or None.
         `state_checkpoints`: with recurrent state, how many saved states the slots keep in all (0: none;
-        None: as many as there are slots)."""
+        None: as many as there are slots). `prefill_batch`: prompt tokens a step prefills over the waiting
+        prompts (None: DEFAULT_PREFILL_BATCH where the engine packs several prompts' chunks into one
+        pass, `Engine.packs_prefill`, else one chunk's worth)."""
         self.engine = engine
         self.speculators = speculators
         self.metrics = metrics
         self.max_pending = max_pending
         self.prefill_chunk = prefill_chunk
+        if prefill_batch is None:
+            packs = engine.packs_prefill(prefill_chunk)
+            prefill_batch = max(prefill_chunk, DEFAULT_PREFILL_BATCH) if packs else prefill_chunk
+        self.prefill_batch = prefill_batch
         self.n_slots = engine.cache.n_slots
         self.eog_ids = engine.tokenizer.eog_ids
         self.prompt_cache = PromptCache(engine, prefill_chunk, state_checkpoints)  # what each slot holds
@@ -388,21 +395,26 @@ class Scheduler:
     def _step(self) -> None:
         jobs = list(self.active.values())
         decoding = [j for j in jobs if j.generated]
-        budget = self.prefill_chunk  # prompt tokens per step, over the waiting prompts in turn
+        budget = self.prefill_batch  # prompt tokens per step, over the waiting prompts in turn
         # In admission order, so by a job's turn every earlier one sharing its prefix has computed this
         # step's chunk of it, which the job copies rather than computing it again; then its next chunk
         # is one that no earlier job holds. Nothing waits on another job (a cancelled or failed one
-        # leaves the chunk to the next in turn).
+        # leaves the chunk to the next in turn). The step's chunks run together (`_prefill_pending`),
+        # those before a job that would copy from one of them first.
+        pending: list[tuple[Job, Sequence[int]]] = []
         for job in [j for j in jobs if not j.generated]:
+            if any(self._copies_from(job, other, chunk) for other, chunk in pending):
+                self._prefill_pending(pending)
+                pending = []
             self._for_one(job, self._copy_prefix)
             if self.active.get(job.slot) is not job:
                 continue  # the copy failed the job
             chunk = self.prompt_cache.next_chunk(job.prompt_ids, job.prefilled)
-            if len(chunk) > budget and budget < self.prefill_chunk:
+            if len(chunk) > budget and budget < self.prefill_batch:
                 break  # the step's first chunk always runs
             budget -= len(chunk)
-            self._for_one(job, self._prefill_chunk, chunk)
-            self._outbox.flush()  # a first token does not wait for the decode step
+            pending.append((job, chunk))
+        self._prefill_pending(pending)
         if self.speculators is not None:
             for job in decoding:
                 self._for_one(job, self._speculate)
@@ -518,10 +530,48 @@ class Scheduler:
             if self.active.get(job.slot) is job:
                 self._fail(job, err)
 
+    @staticmethod
+    def _copies_from(job: Job, other: Job, chunk: Sequence[int]) -> bool:
+        """Whether `job` would copy (`_copy_prefix`) more of its prompt from `other`'s slot once `other`'s
+        pending `chunk` is computed than it can now."""
+        if not job.cache_prompt:
+            return False
+        wanted = max(job.prefilled, other.prefilled) + 1  # tokens the copy would need the chunk for
+        reach = other.prefilled + len(chunk)
+        return wanted <= reach and job.prompt_ids[:wanted] == other.prompt_ids[:wanted]
+
+    def _prefill_pending(self, pending: Sequence[tuple[Job, Sequence[int]]]) -> None:
+        """Prefill each job's chunk (`PromptCache.next_chunk`), the engine running those it can in one
+        pass (`Engine.prefill_parts`); a job's first token at its prompt's end, posted at once. Should
+        that pass fail, its chunks run one by one, so a failure fails its own job only."""
+        if len(pending) > 1:
+            parts = [PrefillPart(job.slot, job.prefilled, chunk) for job, chunk in pending]
+            ends = [self._ends_prompt(job, chunk) for job, chunk in pending]
+            try:
+                rows = self.prompt_cache.prefill_chunks(parts, ends)
+            except Exception:
+                log.exception("a packed prefill pass failed: its chunks run one by one")
+            else:
+                for (job, chunk), logits in zip(pending, rows, strict=True):
+                    self._for_one(job, self._prefilled, chunk, logits)
+                self._outbox.flush()  # the first tokens do not wait for the decode step
+                return
+        for job, chunk in pending:
+            self._for_one(job, self._prefill_chunk, chunk)
+            self._outbox.flush()
+
     def _prefill_chunk(self, job: Job, chunk: Sequence[int]) -> None:
         """Prefill the job's next chunk (`PromptCache.next_chunk`); its first token at the prompt's end."""
-        ends = job.prefilled + len(chunk) == len(job.prompt_ids)
-        logits = self.prompt_cache.prefill_chunk(job.slot, chunk, job.prefilled, ends)
+        ends = self._ends_prompt(job, chunk)
+        self._prefilled(job, chunk, self.prompt_cache.prefill_chunk(job.slot, chunk, job.prefilled, ends))
+
+    @staticmethod
+    def _ends_prompt(job: Job, chunk: Sequence[int]) -> bool:
+        return job.prefilled + len(chunk) == len(job.prompt_ids)
+
+    def _prefilled(self, job: Job, chunk: Sequence[int], logits: torch.Tensor) -> None:
+        """The job's `chunk` was prefilled, `logits` its last token's: sample at the prompt's end."""
+        ends = self._ends_prompt(job, chunk)
         job.prefilled += len(chunk)
         if ends:
             self._sample(job, logits)

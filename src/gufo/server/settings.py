@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from gufo.engine.params import SpeculativeParams
 from gufo.options import POOLINGS
 
-DEFAULT_PREFILL_CHUNK = 512  # prompt tokens prefilled per scheduler step, between decode steps
+DEFAULT_PREFILL_CHUNK = 512  # prompt tokens per prefill chunk (at absolute positions)
+# prompt tokens per scheduler step, between decode steps, where the engine packs several prompts' chunks
+# into one pass (GPUs: `Engine.packs_prefill`)
+DEFAULT_PREFILL_BATCH = 2048
 
 
 @dataclass
@@ -22,6 +25,7 @@ class ServerSettings:
     body_timeout: float = 30.0  # seconds a request has to send its body
     api_key: str | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    prefill_batch: int | None = None  # prompt tokens per scheduler step; None: the Scheduler's default
     state_checkpoints: int | None = None  # recurrent models' saved states in all; None: one per session
     speculative: SpeculativeParams | None = None  # None: plain decoding
     draft_model: str | None = None  # with speculative mode "draft"

@@ -85,7 +85,6 @@ class ServerState:
             )
             if speculators is None:  # the batched decode steps' graphs, before the first request
                 engine.prepare_rows(engine.cache.n_slots)
-            engine.prepare_prefill(settings.prefill_chunk)  # and the prefill chunks' (GPUs)
             scheduler = Scheduler(
                 engine,
                 self.metrics,
@@ -93,7 +92,10 @@ class ServerState:
                 settings.prefill_chunk,
                 speculators,
                 settings.state_checkpoints,
+                settings.prefill_batch,
             )
+            # and the prefill chunks' and packed passes' (GPUs)
+            engine.prepare_prefill(settings.prefill_chunk, scheduler.prefill_batch)
             scheduler.start()
             self.runtime = Runtime(engine, scheduler)
             log.debug("model %s loaded", settings.model_id)

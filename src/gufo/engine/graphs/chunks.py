@@ -14,6 +14,9 @@ past the context runs eagerly instead.
 from __future__ import annotations
 
 MIN_BUCKET = 16  # the smallest padded chunk: the tensor-core products' tile height
+# A chunk longer than this takes the prefill route in every product alone (past the most rows any skinny
+# route keeps: launch.MAX_TENSOR_ROWS, MAX_HALF_ROWS), so it may share a pass (Engine.packs_prefill)
+PACKED_MIN_TOKENS = 64
 
 
 def buckets(batch_size: int) -> tuple[int, ...]:
@@ -43,3 +46,19 @@ def prepared_sizes(max_tokens: int, batch_size: int, context: int) -> tuple[int,
     """The buckets that chunks of up to `max_tokens` tokens replay (those that fit the context)."""
     last = bucket(min(max_tokens, batch_size), batch_size)
     return tuple(size for size in buckets(batch_size) if size <= last and size <= context)
+
+
+def pack_bucket(n_tokens: int) -> int:
+    """The graphs' length for a pass of several sequences' chunks, `n_tokens` rows in all (`Engine.
+    prefill_parts`): the smallest power of two holding them (its padding rows write the trash page, so
+    no bucket is bound by the context)."""
+    if n_tokens <= 0:
+        raise ValueError(f"a packed prefill pass of {n_tokens} tokens")
+    return max(MIN_BUCKET, 1 << (n_tokens - 1).bit_length())
+
+
+def pack_sizes(max_tokens: int) -> tuple[int, ...]:
+    """The buckets packed passes of up to `max_tokens` rows replay: from the smallest a pack can need
+    (two chunks of more than PACKED_MIN_TOKENS tokens each) to `pack_bucket(max_tokens)`."""
+    first = pack_bucket(2 * PACKED_MIN_TOKENS + 2)
+    return tuple(1 << i for i in range(first.bit_length() - 1, pack_bucket(max_tokens).bit_length()))

@@ -40,6 +40,28 @@ from gufo.models.rope import Rope
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One sequence's chunk among the rows of a replay: `n_tokens` rows from `row`, at positions
+    `start`.. of `slot`."""
+
+    slot: int
+    start: int
+    n_tokens: int
+    row: int
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What one replay's rows hold: token ids, cache positions and slots [size] on the host, and the
+    RoPE tables' rows per rope."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    tables: dict[Rope, tuple[torch.Tensor, torch.Tensor]]
+
+
 @dataclass
 class _Buffers:
     """The static tensors one chunk length's graphs read and write."""
@@ -104,17 +126,20 @@ class PrefillGraphs:
             self.cache.write(index, 0, buf.positions, k, v, slots=buf.slots)
             buf.query.copy_(q)
 
-    def _attend(self, index: int, slot: int, start: int, n_tokens: int, buf: _Buffers) -> None:
-        """Layer index's attention for the chunk's own rows over the slot's entries up to start + n_tokens,
-        eagerly (its length varies): exactly the eager layer's call. The padding rows get none: their
-        `mixed` rows stay zero (`hidden`)."""
+    def _attend(self, index: int, parts: Sequence[Segment], buf: _Buffers) -> None:
+        """Layer index's attention for each part's own rows over its slot's entries up to its end,
+        eagerly (their lengths vary): exactly the eager layer's call, one per part. The padding rows get
+        none: their `mixed` rows stay zero (`_replay`)."""
         attn = self.model.layers[index].attn
-        end, prefill = start + n_tokens, attn.kernels.prefill
-        keys, values = self.cache.entries(index, slot, end)
-        mixed = attend_cached(buf.query[:n_tokens], keys, values, end, attn.scale, attn.window, prefill)
-        buf.mixed[:n_tokens].copy_(mixed)
+        prefill = attn.kernels.prefill
+        for part in parts:
+            rows = slice(part.row, part.row + part.n_tokens)
+            end = part.start + part.n_tokens
+            keys, values = self.cache.entries(index, part.slot, end)
+            mixed = attend_cached(buf.query[rows], keys, values, end, attn.scale, attn.window, prefill)
+            buf.mixed[rows].copy_(mixed)
 
-    def _capture(self, slot: int, start: int, n_tokens: int, buf: _Buffers) -> list[torch.cuda.CUDAGraph]:
+    def _capture(self, parts: Sequence[Segment], buf: _Buffers) -> list[torch.cuda.CUDAGraph]:
         """Run the chunk piece by piece, capturing each piece right after running it for real."""
         started = time.perf_counter()
         side = torch.cuda.Stream(self.device)
@@ -127,7 +152,7 @@ class PrefillGraphs:
                 record(graph, self.pool, lambda index=index: self._piece(index, buf))
                 graphs.append(graph)
                 if index < len(self.model.layers):
-                    self._attend(index, slot, start, n_tokens, buf)
+                    self._attend(index, parts, buf)
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.capture_seconds += time.perf_counter() - started
         log.debug("captured prefill graphs tokens=%d", buf.positions.shape[0])
@@ -153,34 +178,71 @@ class PrefillGraphs:
     def _replay(self, tokens: torch.Tensor, slot: int, start: int, size: int) -> torch.Tensor:
         """`hidden` at positions whose pages are reserved (or, for a warm-up, written to trash)."""
         n_tokens = tokens.shape[0]
-        buf = self._buffers(size)
         padded = torch.zeros(size, dtype=torch.long)
         padded[:n_tokens] = tokens
-        buf.positions.copy_(torch.arange(start, start + size))
-        buf.slots.fill_(slot)
+        slots = torch.full((size,), slot, dtype=torch.long)
+        tables = {rope: self.model.rope_tables(rope, start, size, self.cache) for rope in self.model.ropes}
+        rows = _Rows(padded, torch.arange(start, start + size), slots, tables)
+        return self._run(rows, [Segment(slot, start, n_tokens, 0)], size)
+
+    def hidden_parts(self, parts: Sequence[Segment], tokens: torch.Tensor, size: int) -> torch.Tensor:
+        """`hidden` for the chunks of several sequences in one replay of `size` rows: `tokens` [T] are
+        the parts' tokens one part after another (T <= size), part i on rows parts[i].row.. at positions
+        parts[i].start.. of parts[i].slot, each part's pages reserved by the caller. Each row's numbers
+        are those its own chunk gets alone (`hidden`) where the products keep a row's numbers at any row
+        count past the skinny routes (what `Engine.packs_prefill` asks for). The padding rows go to the
+        cache's scratch slot, whose writes land on the trash page."""
+        scratch = self.cache.scratch_slot
+        if scratch is None:
+            raise RuntimeError("packed prefill needs the cache's scratch slot for its padding rows")
+        n_pad = size - tokens.shape[0]
+        pad = torch.zeros(n_pad, dtype=torch.long)
+        padded = torch.cat([tokens, pad])
+        positions = torch.cat([*(torch.arange(p.start, p.start + p.n_tokens) for p in parts), pad])
+        slots = torch.cat([*(torch.full((p.n_tokens,), p.slot) for p in parts), pad + scratch])
+        tables = {}
+        for rope in self.model.ropes:
+            pieces = [self.model.rope_tables(rope, p.start, p.n_tokens, self.cache) for p in parts]
+            pad_cos, pad_sin = self.model.rope_tables(rope, 0, 1, self.cache)  # the padding rows: position 0
+            tables[rope] = (
+                torch.cat([*(cos for cos, _ in pieces), pad_cos.expand(n_pad, -1)]),
+                torch.cat([*(sin for _, sin in pieces), pad_sin.expand(n_pad, -1)]),
+            )
+        rows = _Rows(padded, positions, slots, tables)
+        return self._run(rows, parts, size)
+
+    def _run(self, rows: _Rows, parts: Sequence[Segment], size: int) -> torch.Tensor:
+        """The replay (a capture, the first time for `size`) of `rows` with each part's attention between
+        the graphs: the residual stream of the parts' rows, a view of the static buffer."""
+        buf = self._buffers(size)
+        n_tokens = sum(part.n_tokens for part in parts)
+        buf.positions.copy_(rows.positions)
+        buf.slots.copy_(rows.slots)
         for rope, (cos, sin) in buf.tables.items():
-            table_cos, table_sin = self.model.rope_tables(rope, start, size, self.cache)
-            cos.copy_(table_cos)
-            sin.copy_(table_sin)
-        buf.hidden.copy_(self.model.embed(padded))
+            cos.copy_(rows.tables[rope][0])
+            sin.copy_(rows.tables[rope][1])
+        buf.hidden.copy_(self.model.embed(rows.tokens))
         buf.mixed[n_tokens:].zero_()  # the padding rows' attention output, which `_attend` leaves alone
         if size not in self.graphs:
-            self.graphs[size] = self._capture(slot, start, n_tokens, buf)
+            self.graphs[size] = self._capture(parts, buf)
             return buf.hidden[:n_tokens]
         for index, graph in enumerate(self.graphs[size]):
             graph.replay()
             if index < len(self.model.layers):
-                self._attend(index, slot, start, n_tokens, buf)
+                self._attend(index, parts, buf)
         return buf.hidden[:n_tokens]
 
     def prepare(self, sizes: Sequence[int]) -> None:
-        """Capture the graphs of chunks of each of `sizes` tokens now, each on a chunk of token 0 at
-        position 0 of slot 0: call it before any sequence is in slot 0 (at load: the slot holds no pages
-        then, so the warm-ups write to the trash page)."""
+        """Capture the graphs of chunks of each of `sizes` tokens now, each on rows of token 0 that write
+        the trash page: the cache's scratch slot at position 0 where it has one, else positions 0.. of
+        slot 0 (call it before any sequence is in slot 0: at load, when the slot holds no pages)."""
         started, before = time.perf_counter(), self.capture_seconds
         missing = [size for size in sizes if size not in self.graphs]
         for size in missing:
-            self._replay(torch.zeros(size, dtype=torch.long), 0, 0, size)
+            if self.cache.scratch_slot is not None:
+                self.hidden_parts([], torch.zeros(0, dtype=torch.long), size)
+            else:
+                self._replay(torch.zeros(size, dtype=torch.long), 0, 0, size)
         torch.cuda.synchronize(self.device)
         if missing:
             log.info(

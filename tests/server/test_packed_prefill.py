@@ -1,0 +1,114 @@
+"""A scheduler step's prefill chunks go to the engine together (`Engine.prefill_parts`, which packs those it
+can into one pass on a GPU): up to --prefill-batch tokens a step, the chunk a later job would copy from
+computed before that copy, and a pass that fails retried chunk by chunk so that only the failing job
+ends. A stand-in engine records the calls and hands out logits chosen by slot and position; the oracles
+are the rules written out by hand and the greedy chain of those logits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gufo.engine.sampling import SamplingParams
+from gufo.server.metrics import Metrics
+from gufo.server.scheduler import FinishEvent, Job, Scheduler
+from tests.server.test_prefix_sharing import Recorder
+from tests.server.test_scheduler_rows import first_max, row_for
+
+CHUNK = 8
+
+
+class Packer(Recorder):
+    """Records ("pass", ((slot, start, n_tokens), ...)) for each `prefill_parts` call; a part on slot
+    `failing` makes the call raise."""
+
+    def __init__(self, n_slots: int, failing: int | None = None):
+        super().__init__(n_slots, invariant_prefill=True)
+        self.failing = failing
+
+    def packs_prefill(self, n_tokens: int) -> bool:
+        return True
+
+    def prefill_parts(self, parts) -> list:
+        self.calls.append(("pass", tuple((p.slot, p.start, len(p.tokens)) for p in parts)))
+        if any(p.slot == self.failing for p in parts):
+            raise RuntimeError("a bad part")
+        for part in parts:
+            self.held[part.slot] = part.start + len(part.tokens)
+        return [row_for(p.slot, p.start + len(p.tokens) - 1) for p in parts]
+
+    def passes(self) -> list[tuple]:
+        return [call[1] for call in self.calls if call[0] == "pass"]
+
+
+def run(engine: Packer, prompts: list[list[int]], prefill_batch: int, max_tokens: int = 3) -> list[list]:
+    """Each prompt's greedy job, all waiting before the worker's first step: (tokens, finish) each."""
+    scheduler = Scheduler(engine, Metrics(), len(prompts), prefill_chunk=CHUNK, prefill_batch=prefill_batch)
+    greedy = SamplingParams(temperature=0.0)
+
+    async def go() -> list[list]:
+        loop = asyncio.get_running_loop()
+        jobs = [Job(p, max_tokens, greedy, loop) for p in prompts]
+        for job in jobs:
+            scheduler.submit(job)
+        scheduler.start()
+        results = []
+        for job in jobs:
+            tokens = []
+            while not isinstance(event := await job.events.get(), FinishEvent):
+                tokens.append(event.token)
+            results.append([tokens, event])
+        return results
+
+    try:
+        return asyncio.run(go())
+    finally:
+        scheduler.stop()
+
+
+def greedy_chain(slot: int, prompt_length: int, count: int) -> list[int]:
+    """The stand-in's greedy tokens for a job in `slot`: the first maximum of each position's row."""
+    return [first_max(row_for(slot, prompt_length - 1 + i)) for i in range(count)]
+
+
+def test_a_steps_chunks_share_one_call_up_to_the_prefill_batch():
+    prompts = [[10 * i + j for j in range(1, 13)] for i in range(3)]  # 12 tokens: chunks of 8 and 4
+    engine = Packer(3)
+    results = run(engine, prompts, prefill_batch=20)
+    assert engine.passes() == [
+        ((0, 0, 8), (1, 0, 8)),  # 16 of 20: the third chunk (8) would pass the batch
+        ((0, 8, 4), (1, 8, 4), (2, 0, 8)),  # 16
+        ((2, 8, 4),),
+    ]
+    for slot, (tokens, finish) in enumerate(results):
+        assert finish.reason == "length"
+        assert tokens == greedy_chain(slot, 12, 3)
+
+
+def test_a_chunk_that_a_later_job_copies_is_computed_before_the_copy():
+    shared = list(range(1, 11))  # 10 tokens
+    prompts = [shared + [100, 101, 102, 103], shared + [200, 201, 202, 203], list(range(300, 314))]
+    engine = Packer(3)
+    results = run(engine, prompts, prefill_batch=64)
+    assert engine.calls[:3] == [
+        ("pass", ((0, 0, 8),)),  # job 1 would copy from it: it runs before the copy
+        ("copy", 0, 1, 8),
+        ("pass", ((1, 8, 6), (2, 0, 8))),  # job 2 shares nothing: its chunk joins job 1's
+    ]
+    assert [tokens for tokens, _ in results] == [greedy_chain(slot, 14, 3) for slot in range(3)]
+
+
+@pytest.mark.parametrize("prefill_batch", [8, 64])
+def test_a_failing_pass_fails_only_its_own_job(prefill_batch):
+    prompts = [[10 * i + j for j in range(1, 7)] for i in range(3)]  # 6 tokens: one chunk each
+    engine = Packer(3, failing=1)
+    results = run(engine, prompts, prefill_batch=prefill_batch)
+    alone = [((0, 0, 6),), ((1, 0, 6),), ((2, 0, 6),)]
+    if prefill_batch == 64:  # the shared pass fails, then each chunk runs alone
+        assert engine.passes() == [((0, 0, 6), (1, 0, 6), (2, 0, 6)), *alone]
+    else:  # a chunk a step: nothing shares a call
+        assert engine.passes() == alone
+    assert [finish.reason for _, finish in results] == ["length", "error", "length"]
+    assert results[0][0] == greedy_chain(0, 6, 3)
+    assert results[2][0] == greedy_chain(2, 6, 3)
