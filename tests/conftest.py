@@ -94,6 +94,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "tests/kernels/test_triton_recurrent.py::test_kernel_in_interpreter": ("system",),
     "tests/kernels/test_triton_rows_int8.py::test_kernel_in_interpreter": ("system",),
     "tests/kernels/test_triton_rows_half.py::test_kernel_in_interpreter": ("system",),
+    "tests/kernels/test_triton_prefill_tiles.py::test_kernel_in_interpreter": ("system",),
     "tests/kernels/test_triton_routing.py::test_kernel_in_interpreter": ("system",),
     "tests/kernels/test_triton_gemv.py::test_int8_limit_not_a_whole_number_is_one_error_line": ("system",),
     "tests/kernels/test_triton_gemv.py::test_package_imports_without_triton": ("system",),

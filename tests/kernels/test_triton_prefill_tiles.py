@@ -1,0 +1,79 @@
+"""The prefill products on fixed tensor-core tiles (prefill_tiles.py): each row's numbers the same bit for bit
+whatever rows share its product, against a float64 oracle within the operands' rounding. In the Triton
+interpreter on the CPU (a worker subprocess: triton_interpreter.py), and on real shapes on a GPU when
+there is one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from test_triton_gemv import HALF_REL
+from triton_interpreter import interpreter_tests
+
+pytest.importorskip("triton")
+
+from gufo.kernels.triton import prefill_tiles  # noqa: E402  (needs triton)
+
+SMALL_TILES = (32, 32, 32, 4, 2)  # the interpreter's: several tiles each way on small shapes
+
+
+def operands(
+    m: int, n: int, k: int, dtype: torch.dtype, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(m * 7 + n * 3 + k)
+    x = (torch.randn(m, k, generator=gen) * torch.logspace(-2, 1, k)).to(dtype)
+    w = (torch.randn(n, k, generator=gen) * k**-0.5).to(dtype)
+    return x.to(device), w.to(device)
+
+
+def check_rows_alike(
+    dtype: torch.dtype, n: int, k: int, rows: tuple[int, ...], tiles: tuple[int, ...], device: str = "cpu"
+) -> None:
+    """Products of the first M rows for each M: every row bit for bit the largest product's, and that one
+    within the operands' rounding of the float64 product (K of them summed: the |x| @ |w| bound)."""
+    x, w = operands(max(rows), n, k, dtype, device)
+    whole = prefill_tiles.product(x, w, tiles)
+    for m in rows:
+        got = prefill_tiles.product(x[:m].contiguous(), w, tiles)
+        assert torch.equal(got, whole[:m]), f"{m} rows: row numbers differ from {max(rows)} rows'"
+    want = x.double() @ w.double().T
+    bound = HALF_REL[dtype] * (x.double().abs() @ w.double().abs().T) + 1e-30
+    worst = ((whole.double() - want).abs() / bound).max().item()
+    assert torch.isfinite(whole).all() and worst <= 1.0, f"error {worst:.3g} x the bound"
+
+
+def check_refuses_mixed_operands() -> None:
+    x, w = operands(4, 8, 16, torch.float16)
+    with pytest.raises(TypeError, match="expected float16 or bfloat16, alike"):
+        prefill_tiles.product(x, w.bfloat16())
+    with pytest.raises(TypeError, match="expected float16 or bfloat16, alike"):
+        prefill_tiles.product(x.float(), w.float())
+
+
+def interpreter_cases() -> dict[str, Callable[[], None]]:
+    cases: dict[str, Callable[[], None]] = {}
+    # N and K not multiples of the tile (tails), rows from one to several row tiles with a tail; float16
+    # only: Triton 3.6's interpreter multiplies bfloat16 operands as their raw bits (bfloat16 on a GPU)
+    rows = (1, 17, 33, 70)
+    cases["rows_alike-float16"] = lambda: check_rows_alike(torch.float16, 72, 80, rows, SMALL_TILES)
+    cases["refuses_mixed_operands"] = check_refuses_mixed_operands
+    return cases
+
+
+test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
+
+
+# --------------------------------------------------------------------------------------------------
+# the compiled kernel on a GPU, on a Qwen3-8B layer's shapes (skipped without one)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(4096, 4096), (12288, 4096), (4096, 12288)], ids=str)
+def test_gpu_rows_alike_real_shapes(shape, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    n, k = shape
+    check_rows_alike(dtype, n, k, (65, 128, 300, 512, 1000, 2048), prefill_tiles.TILES, "cuda")
