@@ -32,7 +32,7 @@ import torch
 
 from gufo.engine.engine import Engine, PrefillPart
 from gufo.engine.params import SamplingParams
-from gufo.options import ROW_PRODUCTS, KernelOptions, RunOptions
+from gufo.options import PREFILL_PRODUCTS, ROW_PRODUCTS, KernelOptions, RunOptions
 from gufo.server.metrics import Metrics
 from gufo.server.scheduler import FinishEvent, Job, Scheduler
 from gufo.server.settings import DEFAULT_PREFILL_CHUNK
@@ -144,11 +144,13 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--row-products", choices=ROW_PRODUCTS, default="vector", help="as gufo serve's")
     parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="as gufo serve's")
+    parser.add_argument("--prefill-products", choices=PREFILL_PRODUCTS, default="cublas", help="as serve's")
     parser.add_argument("--prefill-batch", type=int, default=None, help="as gufo serve's")
     parser.add_argument("--ctx", type=int, default=768, help="context per session (default 768)")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    options = RunOptions(device=args.device, kernels=KernelOptions(row_products=args.row_products))
+    kernels = KernelOptions(row_products=args.row_products, prefill_products=args.prefill_products)
+    options = RunOptions(device=args.device, kernels=kernels)
     engine = Engine(args.file, options, context=args.ctx, n_slots=max(levels), batch_size=args.prefill_chunk)
     engine.prepare_rows(engine.cache.n_slots)  # as the server does before its first request
     scheduler = Scheduler(
@@ -162,6 +164,7 @@ def main() -> int:
             row = {
                 "route": engine.model.decode_route.name,
                 "prefill_batch": scheduler.prefill_batch,
+                "prefill_products": args.prefill_products,
                 **run(engine, scheduler, timings, c, args),
             }
             print(json.dumps(row), flush=True)

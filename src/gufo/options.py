@@ -19,6 +19,7 @@ DEPENDENT_LAUNCH_ENV = "GUFO_DEPENDENT_LAUNCH"
 DEFAULT_INT8_MIN_WEIGHTS = 2**21
 # how the GPU's decode products of int8 activation rows run (KernelOptions.row_products)
 ROW_PRODUCTS = ("vector", "tensor", "f16")
+PREFILL_PRODUCTS = ("cublas", "tiles")
 # how the GPU's gated delta rule runs several tokens of one sequence (KernelOptions.delta_rule_prefill)
 DELTA_RULE_PREFILLS = ("fla", "torch", "recurrent")
 FLA_MISSING = (
@@ -53,6 +54,10 @@ class KernelOptions:
     # "f16": every weight dequantized to float16 at load, 1..64 float rows on rows_half's tiles of 16
     # rows, every row count of a run alike
     row_products: str = "vector"
+    # the products of more than the skinny routes' rows (prefill): "cublas" (dequantized weights times the
+    # activations in one cuBLAS product) or "tiles" (gufo's fixed tensor-core tiles, prefill_tiles.py: each
+    # row's numbers the same at any row count, where cuBLAS picks its kernel by the shape)
+    prefill_products: str = "cublas"
     # how the gated delta rule runs a prompt's tokens: "recurrent" (gufo's Triton decode step over them in
     # one launch), or a chunked form, "fla" (fla-core's Triton kernels) or "torch" (gufo.kernels.
     # delta_rule); decode steps run gufo's Triton step either way
@@ -66,6 +71,9 @@ class KernelOptions:
             )
         if self.delta_rule_prefill == "fla" and not fla_installed():
             raise BadInputError(FLA_MISSING.format("is not installed"))
+        if self.prefill_products not in PREFILL_PRODUCTS:
+            choices = ", ".join(PREFILL_PRODUCTS)
+            raise BadInputError(f"prefill products: expected one of {choices}, got {self.prefill_products!r}")
         if self.row_products not in ROW_PRODUCTS:
             raise BadInputError(
                 f"row products: expected one of {', '.join(ROW_PRODUCTS)}, got {self.row_products!r}"

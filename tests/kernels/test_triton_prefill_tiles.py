@@ -6,15 +6,21 @@ there is one."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from unittest import mock
 
+import gguf
 import pytest
 import torch
-from test_triton_gemv import HALF_REL
+from test_triton_gemv import HALF_REL, activations, random_tensor
 from triton_interpreter import interpreter_tests
 
 pytest.importorskip("triton")
 
-from gufo.kernels.triton import prefill_tiles  # noqa: E402  (needs triton)
+from gufo.errors import BadInputError  # noqa: E402
+from gufo.kernels.triton import gemv, prefill_tiles  # noqa: E402  (needs triton)
+from gufo.options import KernelOptions  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
 
 SMALL_TILES = (32, 32, 32, 4, 2)  # the interpreter's: several tiles each way on small shapes
 
@@ -44,6 +50,24 @@ def check_rows_alike(
     assert torch.isfinite(whole).all() and worst <= 1.0, f"error {worst:.3g} x the bound"
 
 
+def check_linear_prefill_on_tiles() -> None:
+    """The engine's linear kernel with prefill_products = "tiles": products of more rows than the skinny
+    routes take (65 and 100 rows of a Q4_K weight) give each row the same numbers, within the float16
+    rounding of the `gguf` package's weights times the rows rounded to float16."""
+    info = random_tensor(Q.Q4_K, rows=72)
+    linear = gemv.TritonLinear(KernelOptions(prefill_products="tiles"))
+    weight = linear.prepare(info)
+    x = activations(100, info.shape[1])
+    with mock.patch.object(prefill_tiles, "product", wraps=prefill_tiles.product) as tiles:
+        whole = linear.apply(x, weight)
+        assert torch.equal(linear.apply(x[:65], weight), whole[:65])
+    assert tiles.call_count == 2
+    w = torch.from_numpy(gguf.quants.dequantize(info.data, info.qtype)).half().double()
+    xh = x.half().double()
+    bound = HALF_REL[torch.float16] * (xh.abs() @ w.abs().T) + 1e-30
+    assert ((whole.double() - xh @ w.T).abs() <= bound).all()
+
+
 def check_refuses_mixed_operands() -> None:
     x, w = operands(4, 8, 16, torch.float16)
     with pytest.raises(TypeError, match="expected float16 or bfloat16, alike"):
@@ -58,11 +82,17 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
     # only: Triton 3.6's interpreter multiplies bfloat16 operands as their raw bits (bfloat16 on a GPU)
     rows = (1, 17, 33, 70)
     cases["rows_alike-float16"] = lambda: check_rows_alike(torch.float16, 72, 80, rows, SMALL_TILES)
+    cases["linear_prefill_on_tiles"] = check_linear_prefill_on_tiles
     cases["refuses_mixed_operands"] = check_refuses_mixed_operands
     return cases
 
 
 test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
+
+
+def test_prefill_products_option_is_checked():
+    with pytest.raises(BadInputError, match="prefill products: expected one of cublas, tiles, got 'mma'"):
+        KernelOptions(prefill_products="mma")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gufo.engine.engine import Engine, PrefillPart
-from gufo.options import RunOptions
+from gufo.options import KernelOptions, RunOptions
 from gufo.tools.quality.logit_diff import compare_logits
 from gufo.tools.quality.validate_prefill import validate_prefill
 from gufo.tools.synth.presets import find_preset
@@ -130,13 +130,15 @@ def test_chunked_prefill_repeats_bit_for_bit(synth_model, length):
     assert torch.equal(engine.prefill(prompt, all_logits=True), first)
 
 
-def test_packed_prefill_gives_each_part_its_numbers_alone(synth_model):
+@pytest.mark.parametrize("products", ["cublas", "tiles"])
+def test_packed_prefill_gives_each_part_its_numbers_alone(synth_model, products):
     """Chunks of more than 64 tokens of three sequences in one packed pass (`prefill_parts`: one replay of
     their rows, padded to 512, each part's attention over its own slot) give each part the last logits
     and the KV its chunk gets alone (`prefill`, its own bucket), bit for bit; twice, the second time
     deeper in the slots. The oracle is the engine's single-sequence prefill, itself checked against
-    the CPU engine and eager layers above."""
-    options = RunOptions(device="cuda")
+    the CPU engine and eager layers above. For each prefill product: cuBLAS picks its kernel by the shape,
+    gufo's tiles are one shape at any row count."""
+    options = RunOptions(device="cuda", kernels=KernelOptions(prefill_products=products))
     packed = Engine(synth_model, options=options, context=512, n_slots=3, batch_size=256)
     alone = Engine(synth_model, options=options, context=512, n_slots=3, batch_size=256)
     prompts = [[1 + (11 * i + 3 * slot) % 500 for i in range(400)] for slot in range(3)]

@@ -20,6 +20,7 @@ from gufo.options import (
     DELTA_RULE_PREFILLS,
     DEPENDENT_LAUNCH_ENV,
     INT8_LIMIT_ENV,
+    PREFILL_PRODUCTS,
     ROW_PRODUCTS,
     KernelOptions,
     RunOptions,
@@ -161,6 +162,15 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         "(default vector)",
     )
     parser.add_argument(
+        "--prefill-products",
+        choices=PREFILL_PRODUCTS,
+        default="cublas",
+        help="GPU (NVIDIA): how prefill products (more rows than the decode routes take) run: cublas (the "
+        "weights dequantized to float16, then one cuBLAS product, which picks its kernel by the shape) or "
+        "tiles (gufo's fixed tensor-core tiles: each row's numbers the same whatever rows share the "
+        "product) (default cublas)",
+    )
+    parser.add_argument(
         "--delta-rule-prefill",
         choices=DELTA_RULE_PREFILLS,
         default=None,
@@ -185,7 +195,11 @@ def warn_about_threads(counts: list[int]) -> None:
 
 def run_options(args: argparse.Namespace, threads: int | None = None) -> RunOptions:
     """RunOptions from the flags, the environment variables standing in for flags not given."""
-    kernels = replace(KernelOptions.from_environment(os.environ), row_products=args.row_products)
+    kernels = replace(
+        KernelOptions.from_environment(os.environ),
+        row_products=args.row_products,
+        prefill_products=args.prefill_products,
+    )
     if args.int8_min_weights is not None:
         kernels = replace(kernels, int8_min_weights=args.int8_min_weights)
     if args.dependent_launch is not None:

@@ -37,6 +37,7 @@ class TritonLinear(LinearKernel):
         self.tensor_rows = options.row_products == "tensor"
         # NVIDIA only (launch.on_half_rows): on ROCm the weights stay as the file has them
         self.half_rows = options.row_products == "f16" and torch.version.hip is None
+        self.tile_prefill = options.prefill_products == "tiles"
 
     def prepare(self, info: TensorInfo, device: torch.device | None = None) -> TritonWeight:
         weight = upload(info, device)
@@ -73,7 +74,7 @@ class TritonLinear(LinearKernel):
                 tensor_rows=self.tensor_rows,
                 half_rows=self.half_rows,
             )
-        return prefill_product(x, weight, self.int8_min_weights)
+        return prefill_product(x, weight, self.int8_min_weights, self.tile_prefill)
 
 
 def registrations(options: KernelOptions) -> tuple[Registration, ...]:

@@ -8,7 +8,7 @@ import torch
 import triton
 from gguf import GGMLQuantizationType
 
-from gufo.kernels.triton import gemv_int8
+from gufo.kernels.triton import gemv_int8, prefill_tiles
 from gufo.kernels.triton.gemv_kernels import FORMATS
 from gufo.kernels.triton.launch import NUM_WARPS, check_operands, int8_activations
 from gufo.kernels.triton.planes import TritonWeight
@@ -47,12 +47,16 @@ def dequantize_weight(weight: TritonWeight, dtype: torch.dtype = PREFILL_DTYPE) 
     return out
 
 
-def _product(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """x @ dense^T, float32 out: for half-precision operands on CUDA straight from the float32
-    accumulators (cuBLAS with out_dtype, no rounding of the result and no conversion pass); elsewhere
-    (float32 operands, ROCm, the CPU interpreter) the product's own result widened."""
+def _product(x: torch.Tensor, dense: torch.Tensor, tiles: bool = False) -> torch.Tensor:
+    """x @ dense^T, float32 out: with `tiles`, for half-precision operands, on gufo's fixed tiles
+    (prefill_tiles.product; its rows the same at any row count); else for half-precision operands on
+    CUDA straight from cuBLAS's float32 accumulators (out_dtype, no rounding of the result and no
+    conversion pass); elsewhere (float32 operands, ROCm, the CPU interpreter) the product's own result
+    widened."""
     x2 = x.reshape(-1, x.shape[-1])
-    if x.dtype != torch.float32 and x.device.type == "cuda" and torch.version.hip is None:
+    if tiles and x.dtype in prefill_tiles.OPERAND_DTYPES:
+        y = prefill_tiles.product(x2 if x2.stride(-1) == 1 else x2.contiguous(), dense)
+    elif x.dtype != torch.float32 and x.device.type == "cuda" and torch.version.hip is None:
         y = torch.mm(x2, dense.T, out_dtype=torch.float32)
     else:
         y = (x2 @ dense.T).float()
@@ -71,10 +75,13 @@ def prefill_operand(
     return gemv_int8.round_rows(rows if rows.stride(-1) == 1 else rows.contiguous(), dtype).reshape(x.shape)
 
 
-def prefill_product(x: torch.Tensor, weight: TritonWeight, int8_min_weights: int) -> torch.Tensor:
-    """x [..., K] @ W^T in x's dtype, through the dense matrix (`dequantize_weight`)."""
+def prefill_product(
+    x: torch.Tensor, weight: TritonWeight, int8_min_weights: int, tiles: bool = False
+) -> torch.Tensor:
+    """x [..., K] @ W^T in x's dtype, through the dense matrix (`dequantize_weight`); with `tiles` on
+    gufo's fixed tiles where the operands are half precision (`_product`)."""
     check_operands(x, weight)
     dtype = FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
     operand = prefill_operand(x, weight, dtype, int8_min_weights)
     dense = weight.planes[0] if weight.qtype == Q.F16 else dequantize_weight(weight, dtype)  # F16: as it is
-    return _product(operand, dense).to(x.dtype)
+    return _product(operand, dense, tiles).to(x.dtype)
