@@ -118,16 +118,16 @@ def test_rows_carry_the_run_options_from_flags_and_environment(capsys, monkeypat
     (row,) = json.loads(out)
     assert row["options"] == {
         "device": "cpu", "graphs": False, "threads": None, "mmap": True, "int8_min_weights": 4096,
-        "dependent_launch": False, "row_products": "vector",
+        "dependent_launch": False, "row_products": "vector", "prefill_products": "cublas",
         "delta_rule_prefill": DEFAULT_DELTA_RULE_PREFILL,
     }  # fmt: skip
     code, out, _ = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1",
-                        "--int8-min-weights", "0", "--row-products", "tensor",
+                        "--int8-min-weights", "0", "--row-products", "tensor", "--prefill-products", "tiles",
                         "--delta-rule-prefill", "torch", "-o", "json")  # fmt: skip
     assert code == 0
     (row,) = json.loads(out)
-    keys = ("int8_min_weights", "dependent_launch", "row_products", "delta_rule_prefill")
-    assert [row["options"][key] for key in keys] == [0, True, "tensor", "torch"]
+    keys = ("int8_min_weights", "dependent_launch", "row_products", "prefill_products", "delta_rule_prefill")
+    assert [row["options"][key] for key in keys] == [0, True, "tensor", "tiles", "torch"]
     monkeypatch.setenv("GUFO_INT8_MIN_WEIGHTS", "lots")
     code, out, err = gufo(capsys, "bench", "-m", "smollm2-135m", "-p", "0", "-n", "2", "-r", "1")
     assert code == 2 and out == ""

@@ -30,6 +30,7 @@ from gufo.kernels.triton import (  # noqa: E402
     gemv_int8,
     gemv_kernels,
     offline,
+    prefill_tiles,
     recurrent,
     routing,
     rows_half,
@@ -111,6 +112,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
             recurrent,
             routing,
             rows_half,
+            prefill_tiles,
         )
         for name, obj in vars(module).items()
         if isinstance(obj, JITFunction) and not name.startswith("_") and obj.fn.__module__ == module.__name__
@@ -135,6 +137,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     # the grouped expert products of a prefill, on the tensor cores; the float16 rows of
     # KernelOptions.row_products = "f16" (compiled whatever the options)
     dot |= {k.__name__ for k in experts_prefill.KERNELS.values()} | {rows_half.rows_f16.__name__}
+    dot.add(prefill_tiles.dense_tiles.__name__)  # KernelOptions.prefill_products = "tiles" (NVIDIA)
     assert public == engine | dot | int8
     # no tensor-core or dp4a path on ROCm
     for target, want in (("gfx1151", public - dot - int8), ("sm_90", public)):

@@ -37,7 +37,7 @@ class TritonLinear(LinearKernel):
         self.tensor_rows = options.row_products == "tensor"
         # NVIDIA only (launch.on_half_rows): on ROCm the weights stay as the file has them
         self.half_rows = options.row_products == "f16" and torch.version.hip is None
-        self.tile_prefill = options.prefill_products == "tiles"
+        self.tile_prefill = options.prefill_products == "tiles" and torch.version.hip is None  # so too
 
     def prepare(self, info: TensorInfo, device: torch.device | None = None) -> TritonWeight:
         weight = upload(info, device)

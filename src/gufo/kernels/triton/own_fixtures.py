@@ -17,6 +17,7 @@ from gufo.kernels.contracts import DeltaGates
 from gufo.kernels.expert_groups import group_assignments, tile_rows
 from gufo.kernels.int8_rows import ACT_BLOCK
 from gufo.kernels.kv_pages import PAGE_TOKENS, KVPages
+from gufo.kernels.triton import prefill_tiles
 from gufo.kernels.triton.attention import PROGRAMS_PER_MULTIPROCESSOR, TritonAttentionDecode
 from gufo.kernels.triton.decode_candidates import SWEEP_FORMATS, SWEEP_SHAPES, candidates
 from gufo.kernels.triton.dependent_launch import DependentLaunch
@@ -87,6 +88,18 @@ def linear_examples(options: KernelOptions) -> Iterator[str]:
                     gemv(torch.empty(rows, k, device="meta"), weight, 0, linear.launch, half_rows=True)
         n, k = LARGE_SHAPE
         linear.apply(torch.empty(1, k, device="meta"), meta_weight(qtype, n, k))
+
+
+def prefill_tile_examples(options: KernelOptions) -> Iterator[str]:
+    """The prefill products on fixed tiles (KernelOptions.prefill_products = "tiles", NVIDIA only, compiled
+    whatever the options): float16 and bfloat16 operands on the reference shapes."""
+    if torch.version.hip is not None:
+        return
+    yield "prefill_tiles"
+    for n, k in REFERENCE_SHAPES:
+        for dtype in prefill_tiles.OPERAND_DTYPES:
+            x = torch.empty(MAX_HALF_ROWS + 1, k, dtype=dtype, device="meta")
+            prefill_tiles.product(x, torch.empty(n, k, dtype=dtype, device="meta"))
 
 
 def decode_candidate_examples(options: KernelOptions) -> Iterator[str]:
@@ -294,6 +307,7 @@ def routing_examples(options: KernelOptions) -> Iterator[str]:
 # in the order `gufo kernels own` records them (the first launch of a configuration is the one compiled)
 LAUNCH_EXAMPLES: tuple[Callable[[KernelOptions], Iterator[str]], ...] = (
     linear_examples,
+    prefill_tile_examples,
     decode_candidate_examples,
     expert_decode_examples,
     expert_prefill_examples,
