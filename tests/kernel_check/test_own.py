@@ -200,14 +200,14 @@ def test_register_cap_only_on_the_one_row_8x2048_int8_tiles(compiled):
 
 
 # launched once per prefill product, not dependently
-PREFILL_KERNELS = ("dequant_", "round_rows_", "grouped_")
+PREFILL_KERNELS = ("dequant_", "round_rows_", "grouped_", "dense_tiles")
 
 
 def test_dependent_launches_wait_before_reading(compiled):
     """sm_90 launches the decode kernels with programmatic dependent launch (dependent_launch): each such
     kernel must wait for the kernel before it (griddepcontrol.wait) before any global load, and only
     then let the next one launch; the prefill kernels (dequantizers, activation rounding, grouped expert
-    products) launch plainly."""
+    products, the fixed-tile products) launch plainly."""
     _, kernels = compiled
     nvidia = [k for k in kernels if k["arch"] == "sm_90"]
     for k in nvidia:
