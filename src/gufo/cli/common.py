@@ -166,9 +166,10 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         choices=PREFILL_PRODUCTS,
         default="cublas",
         help="GPU (NVIDIA): how prefill products (more rows than the decode routes take) run: cublas (the "
-        "weights dequantized to float16, then one cuBLAS product, which picks its kernel by the shape) or "
-        "tiles (gufo's fixed tensor-core tiles: each row's numbers the same whatever rows share the "
-        "product) (default cublas)",
+        "weights dequantized to float16, then one cuBLAS product, which picks its kernel by the shape: the "
+        "fastest for one prompt) or tiles (gufo's fixed tensor-core tiles: each row's numbers the same "
+        "whatever rows share the product, so that a server's prompts can share prefill passes) (default "
+        "cublas; serve: tiles)",
     )
     parser.add_argument(
         "--delta-rule-prefill",

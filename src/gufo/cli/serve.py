@@ -210,7 +210,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "file instead of the GGUF's own (default: the GGUF's, else ChatML or Gemma's format)",
     )
     add_speculative_flags(parser)
-    parser.set_defaults(func=run)
+    # prompts share prefill passes only on products that keep each row's numbers (Engine.packs_prefill)
+    parser.set_defaults(func=run, prefill_products="tiles")
 
 
 def model_id(args: argparse.Namespace, path: Path) -> str:

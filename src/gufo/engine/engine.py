@@ -162,9 +162,12 @@ class Engine:
         # a server's rows); graphs past EXACT_ROWS rows are bucketed, their padding rows on a scratch slot
         graphs = options.graphs and self.backend == "cuda" and self.model.graph_capturable
         limit = (route.max_tokens or 1) if route.batch_invariant and self.multi_token_graphs else 1
-        # and the padding rows of packed prefill passes (`prefill_parts`), where prefill replays graphs
-        packs = graphs and self.multi_token_graphs and options.profile is None
-        scratch = graphs and self.batched_rows and (limit > EXACT_ROWS or packs)
+        prefill_graphs = graphs and self.multi_token_graphs and options.profile is None
+        # and the padding rows of packed prefill passes (`prefill_parts`): where prefill replays graphs
+        # and its products keep each row's numbers at any row count, which only gufo's fixed tiles
+        # promise (cuBLAS picks kernels by the shape: docs/decisions.md, "Packed prefill")
+        tiles = options.kernels.prefill_products == "tiles" and torch.version.hip is None
+        scratch = graphs and self.batched_rows and (limit > EXACT_ROWS or (prefill_graphs and tiles))
         layout = {"scratch": True} if scratch else {}
         if kv_memory is None:
             kv_memory = default_kv_memory(self.device)
@@ -195,7 +198,7 @@ class Engine:
         # prefill chunks replay piecewise graphs around the attention, one set per bucket of chunk lengths
         # (gufo.engine.graphs.chunks; eager prefill runs the same kernels: profiling takes that)
         self.prefill_graphs = None
-        if self.graph_decoder is not None and packs:
+        if self.graph_decoder is not None and prefill_graphs:
             from gufo.engine.graphs.prefill import PrefillGraphs
 
             if PrefillGraphs.supports(self.model):
@@ -306,13 +309,15 @@ class Engine:
     def packs_prefill(self, n_tokens: int) -> bool:
         """Whether a chunk of `n_tokens` tokens may share a prefill pass with other sequences' chunks
         (`prefill_parts`) with its numbers unchanged: where prefill replays graphs (plain attention and
-        dense FFNs on a GPU) and the chunk is long enough that alone it takes the prefill route in every
-        product, whose rows keep their numbers at any row count (the determinism contract; checked on
-        the GPU by tests/models/test_device_engine.py)."""
+        dense FFNs on a GPU), the prefill products keep each row's numbers at any row count (gufo's fixed
+        tiles, `--prefill-products tiles`: cuBLAS does not, measured) and the chunk is long enough that
+        alone it takes the prefill route in every product (the determinism contract; checked on the GPU
+        by tests/models/test_device_engine.py)."""
         return (
             self.prefill_graphs is not None
             and self.cache.scratch_slot is not None
-            and n_tokens > (PACKED_MIN_TOKENS)
+            and self.options.kernels.prefill_products == "tiles"
+            and n_tokens > PACKED_MIN_TOKENS
         )
 
     @torch.inference_mode()

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages: one shape for every product
-TILES = (128, 128, 64, 8, 3)
+TILES = (128, 256, 64, 8, 3)
 GROUP_M = 8  # row tiles per group of programs sharing weight tiles
 OPERAND_DTYPES = (torch.float16, torch.bfloat16)
 
