@@ -19,7 +19,7 @@ DEPENDENT_LAUNCH_ENV = "GUFO_DEPENDENT_LAUNCH"
 DEFAULT_INT8_MIN_WEIGHTS = 2**21
 # how the GPU's decode products of int8 activation rows run (KernelOptions.row_products)
 ROW_PRODUCTS = ("vector", "tensor", "f16")
-PREFILL_PRODUCTS = ("cublas", "tiles")
+PREFILL_PRODUCTS = ("cublas", "tiles", "auto")
 # how the GPU's gated delta rule runs several tokens of one sequence (KernelOptions.delta_rule_prefill)
 DELTA_RULE_PREFILLS = ("fla", "torch", "recurrent")
 FLA_MISSING = (
@@ -56,7 +56,9 @@ class KernelOptions:
     row_products: str = "vector"
     # the products of more than the skinny routes' rows (prefill): "cublas" (dequantized weights times the
     # activations in one cuBLAS product) or "tiles" (gufo's fixed tensor-core tiles, prefill_tiles.py: each
-    # row's numbers the same at any row count, where cuBLAS picks its kernel by the shape)
+    # row's numbers the same at any row count, where cuBLAS picks its kernel by the shape); "auto": the
+    # tiles for the architectures whose prompts share prefill passes, else cuBLAS (the Engine decides
+    # from the file: gufo.models.registry.PACKING_ARCHITECTURES)
     prefill_products: str = "cublas"
     # how the gated delta rule runs a prompt's tokens: "recurrent" (gufo's Triton decode step over them in
     # one launch), or a chunked form, "fla" (fla-core's Triton kernels) or "torch" (gufo.kernels.

@@ -166,7 +166,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="prompt tokens prefilled per scheduler step, between decode steps, over the waiting prompts in "
         "turn (a step's first chunk always runs); on a GPU, where every layer is dense attention, with "
-        "--prefill-products tiles (the default here), their chunks of more than 64 tokens share one forward "
+        "the fixed-tile prefill products (--prefill-products tiles; auto, the default here, picks them for "
+        "such models), their chunks of more than 64 tokens share one forward "
         "pass (up to 16 a pass), so that many arriving "
         f"prompts cost fewer passes; more per step delays the running streams' next token longer (default: "
         f"{DEFAULT_PREFILL_BATCH} where chunks share passes, else --prefill-chunk)",
@@ -212,7 +213,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_speculative_flags(parser)
     # prompts share prefill passes only on products that keep each row's numbers (Engine.packs_prefill)
-    parser.set_defaults(func=run, prefill_products="tiles")
+    parser.set_defaults(func=run, prefill_products="auto")
 
 
 def model_id(args: argparse.Namespace, path: Path) -> str:

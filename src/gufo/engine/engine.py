@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,7 +26,7 @@ from gufo.kernels import backends, profiling
 from gufo.kernels.positions import RowPositions
 from gufo.models.base import PER_TOKEN_MAX_TOKENS
 from gufo.models.kv_cache import CacheSnapshot, KVCache
-from gufo.models.registry import build_model
+from gufo.models.registry import PACKING_ARCHITECTURES, build_model
 from gufo.options import DEFAULT_BATCH, DEFAULT_CONTEXT, POOLINGS, RunOptions
 from gufo.tokenizer import Tokenizer
 
@@ -105,6 +105,17 @@ class HiddenRows:
         return out
 
 
+def concrete_prefill_products(options: RunOptions, model_file: ModelFile) -> RunOptions:
+    """`options` with KernelOptions.prefill_products "auto" made "tiles" for an architecture whose prompts
+    can share prefill passes (PACKING_ARCHITECTURES: what the tiles are for), else "cublas" (the fastest
+    for one prompt)."""
+    kernels = options.kernels
+    if kernels.prefill_products != "auto":
+        return options
+    products = "tiles" if model_file.architecture in PACKING_ARCHITECTURES else "cublas"
+    return replace(options, kernels=replace(kernels, prefill_products=products))
+
+
 # Most chunks one packed prefill pass takes: their last rows go through the output product together, which
 # gives each row its one-row numbers up to this many rows (the skinny products' limit)
 PACKED_MAX_PARTS = PER_TOKEN_MAX_TOKENS
@@ -143,8 +154,9 @@ class Engine:
     ):
         """`progress` hears how many tensor bytes the model has read while it loads. `kv_memory`: bytes
         of the KV cache's pages (`default_kv_memory` when None)."""
-        self.options = options = options or RunOptions()
+        options = options or RunOptions()
         self.path, self.file = open_checked(model, options.mmap)
+        self.options = options = concrete_prefill_products(options, self.file)
         self.device = self._device(options.device)
         self.backend = backends.select(self.device, options.kernels)
         if options.threads:

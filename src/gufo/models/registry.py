@@ -11,6 +11,10 @@ from gufo.formats import unsupported_reason
 from gufo.gguf.model_file import ModelFile
 
 ARCHITECTURE_MODULES = ("llama", "qwen3", "gemma3", "qwen35", "qwen3next", "qwen35moe")
+# The architectures whose every layer is self-attention and a dense FFN: on a GPU their prefill replays
+# graphs, so several prompts' chunks can share a pass (Engine.packs_prefill); the others' (hybrid token
+# mixers, experts) cannot
+PACKING_ARCHITECTURES = frozenset({"llama", "qwen3", "gemma3"})
 
 # Metadata (after `<architecture>.`) that changes the math where llama.cpp's loader reads it. A model
 # reads the ones it implements while it is built; any other one present in a file is refused by name
