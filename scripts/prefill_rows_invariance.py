@@ -33,7 +33,16 @@ ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 65, 96, 128, 192, 256, 300, 384, 512, 768, 1
 
 
 # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages: prefill_tiles.TILES first
-TILE_CANDIDATES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4))
+# (the shape may differ per weight shape, never per M: the small ones fill more multiprocessors at a few
+# hundred rows, where one prompt's prefill runs)
+TILE_CANDIDATES = (
+    (128, 256, 64, 8, 3),
+    (128, 128, 64, 8, 3),
+    (128, 128, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (64, 256, 64, 8, 3),
+    (64, 64, 64, 4, 4),
+)
 
 
 def cublas(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
