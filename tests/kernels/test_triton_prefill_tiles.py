@@ -91,7 +91,8 @@ test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 
 def test_prefill_products_option_is_checked():
-    with pytest.raises(BadInputError, match="prefill products: expected one of cublas, tiles, auto, got 'mma'"):
+    error = "prefill products: expected one of cublas, tiles, auto, got 'mma'"
+    with pytest.raises(BadInputError, match=error):
         KernelOptions(prefill_products="mma")
 
 
