@@ -1,8 +1,10 @@
 """Scheduler: N KV slots, a bounded queue, continuous batching, cancellation and prefix reuse.
 
 The engine is not thread-safe, so one worker thread owns it. Each step it drops cancelled jobs,
-admits waiting ones into free slots, runs one prefill chunk (so a long prompt does not stall the
-running streams) and then one batched decode step for every job that has a token to feed. Tokens go
+admits waiting ones into free slots, prefills the next chunk of waiting prompts up to `prefill_batch`
+tokens (so a long prompt does not stall the running streams; the engine packs those chunks into one
+pass where it can, `Engine.prefill_parts`) and then runs one batched decode step for every job that has
+a token to feed. Tokens go
 back to the request handlers through their asyncio queues, each loop's events of a step in one wake-up.
 The decode step's logits stay on the engine's device: plainly greedy rows take their token there, only
 the rows a Sampler or logprobs need come to the host (`greedy_split`).
