@@ -23,8 +23,8 @@ class Packer(Recorder):
     """Records ("pass", ((slot, start, n_tokens), ...)) for each `prefill_parts` call; a part on slot
     `failing` makes the call raise."""
 
-    def __init__(self, n_slots: int, failing: int | None = None):
-        super().__init__(n_slots, invariant_prefill=True)
+    def __init__(self, n_slots: int, failing: int | None = None, invariant_prefill: bool = True):
+        super().__init__(n_slots, invariant_prefill=invariant_prefill)
         self.failing = failing
 
     def packs_prefill(self, n_tokens: int) -> bool:
@@ -97,6 +97,21 @@ def test_a_chunk_that_a_later_job_copies_is_computed_before_the_copy():
         ("pass", ((1, 8, 6), (2, 0, 8))),  # job 2 shares nothing: its chunk joins job 1's
     ]
     assert [tokens for tokens, _ in results] == [greedy_chain(slot, 14, 3) for slot in range(3)]
+
+
+def test_a_few_shared_first_tokens_do_not_split_the_call_where_only_whole_chunks_are_reused():
+    """A chat template's first tokens in every prompt: a GPU engine (prefill not batch-invariant) reuses
+    whole chunks only, so no job would copy from another's pending chunk, and the step's chunks share one
+    call; where any prefix is reused, the second job copies those tokens first."""
+    template = [1, 2, 3]
+    prompts = [template + [10 * i + j for j in range(4, 13)] for i in range(1, 4)]  # 12 tokens each
+    engine = Packer(3, invariant_prefill=False)
+    results = run(engine, prompts, prefill_batch=64)
+    assert engine.passes()[0] == ((0, 0, 8), (1, 0, 8), (2, 0, 8))
+    assert [tokens for tokens, _ in results] == [greedy_chain(slot, 12, 3) for slot in range(3)]
+    engine = Packer(3)
+    run(engine, prompts, prefill_batch=64)
+    assert engine.calls[:2] == [("pass", ((0, 0, 8),)), ("copy", 0, 1, 3)]
 
 
 @pytest.mark.parametrize("prefill_batch", [8, 64])

@@ -91,7 +91,8 @@ def test_without_batch_invariant_prefill_whole_chunks_of_a_shared_prefix_are_cop
         ("prefill", 0, 0, 8), ("copy", 0, 1, 8),  # step 1: the copy is free, the next chunk would pass
         ("prefill", 0, 8, 8), ("copy", 0, 1, 16),  # step 2
         ("prefill", 0, 16, 8),  # step 3: the chunk 16-23 holds other tokens past 19, job 1 computes it
-        ("prefill", 1, 16, 8), ("copy", 1, 2, 16), ("decode", 1),  # step 4
+        # step 4: job 2 copies what slot 1 holds already, then the step's chunks run
+        ("copy", 1, 2, 16), ("prefill", 1, 16, 8), ("decode", 1),
         ("prefill", 2, 16, 8), ("decode", 1),  # step 5
         ("decode", 1),
     ]  # fmt: skip

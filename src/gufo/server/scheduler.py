@@ -532,15 +532,12 @@ class Scheduler:
             if self.active.get(job.slot) is job:
                 self._fail(job, err)
 
-    @staticmethod
-    def _copies_from(job: Job, other: Job, chunk: Sequence[int]) -> bool:
-        """Whether `job` would copy (`_copy_prefix`) more of its prompt from `other`'s slot once `other`'s
-        pending `chunk` is computed than it can now."""
-        if not job.cache_prompt:
-            return False
-        wanted = max(job.prefilled, other.prefilled) + 1  # tokens the copy would need the chunk for
-        reach = other.prefilled + len(chunk)
-        return wanted <= reach and job.prompt_ids[:wanted] == other.prompt_ids[:wanted]
+    def _copies_from(self, job: Job, other: Job, chunk: Sequence[int]) -> bool:
+        """Whether `job` would copy (`_copy_prefix`) more of its prompt than it holds from `other`'s slot
+        once `other`'s pending `chunk` is computed (the cache's reuse rule: a shared chat template's few
+        tokens are no reason where only whole chunks are reused)."""
+        cache = self.prompt_cache
+        return job.cache_prompt and cache.chunk_adds(other.slot, chunk, job.prompt_ids, job.prefilled)
 
     def _prefill_pending(self, pending: Sequence[tuple[Job, Sequence[int]]]) -> None:
         """Prefill each job's chunk (`PromptCache.next_chunk`), the engine running those it can in one
