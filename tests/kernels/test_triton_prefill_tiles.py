@@ -17,7 +17,7 @@ from triton_interpreter import interpreter_tests
 pytest.importorskip("triton")
 
 from gufo.errors import BadInputError  # noqa: E402
-from gufo.kernels.triton import gemv, prefill_tiles  # noqa: E402  (needs triton)
+from gufo.kernels.triton import gemv, planes, prefill_tiles  # noqa: E402  (needs triton)
 from gufo.options import KernelOptions  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
@@ -88,6 +88,18 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
 
 
 test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
+
+
+def test_products_pack_rows_on_the_tiles_with_half_precision_operands_only():
+    """`packs_rows` (may several sequences' prefill rows share a product): on the tiles for quantized and
+    half-precision weights (float16 or bfloat16 operands), not for float32 weights (their prefill
+    multiplies float32, on cuBLAS), never on cuBLAS."""
+    tiles = gemv.TritonLinear(KernelOptions(prefill_products="tiles"))
+    cublas = gemv.TritonLinear(KernelOptions())
+    for qtype, packs in ((Q.Q4_K, True), (Q.Q8_0, True), (Q.F16, True), (Q.BF16, True), (Q.F32, False)):
+        weight = planes.TritonWeight(qtype, (4096, 4096), ())
+        assert tiles.packs_rows(weight) == packs, qtype.name
+        assert not cublas.packs_rows(weight), qtype.name
 
 
 def test_prefill_products_option_is_checked():

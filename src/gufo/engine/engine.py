@@ -176,10 +176,10 @@ class Engine:
         limit = (route.max_tokens or 1) if route.batch_invariant and self.multi_token_graphs else 1
         prefill_graphs = graphs and self.multi_token_graphs and options.profile is None
         # and the padding rows of packed prefill passes (`prefill_parts`): where prefill replays graphs
-        # and its products keep each row's numbers at any row count, which only gufo's fixed tiles
-        # promise (cuBLAS picks kernels by the shape: docs/decisions.md, "Packed prefill")
-        tiles = options.kernels.prefill_products == "tiles" and torch.version.hip is None
-        scratch = graphs and self.batched_rows and (limit > EXACT_ROWS or (prefill_graphs and tiles))
+        # and every product keeps each row's numbers at any row count (gufo's fixed tiles; cuBLAS picks
+        # kernels by the shape: docs/decisions.md, "Packed prefill")
+        packs = prefill_graphs and self.batched_rows and self.model.packs_rows()
+        scratch = graphs and self.batched_rows and (limit > EXACT_ROWS or packs)
         layout = {"scratch": True} if scratch else {}
         if kv_memory is None:
             kv_memory = default_kv_memory(self.device)
@@ -215,6 +215,8 @@ class Engine:
 
             if PrefillGraphs.supports(self.model):
                 self.prefill_graphs = PrefillGraphs(self.model, self.cache, self.graph_decoder.device)
+        # whether chunks of several sequences may share a prefill pass (`packs_prefill`)
+        self.packed_prefill = packs and self.prefill_graphs is not None
         # the hidden rows of every pass, kept once a proposer asks for them (`keep_hidden_rows`)
         self.hidden_rows: HiddenRows | None = None
 
@@ -314,23 +316,19 @@ class Engine:
         (logged with the time taken). At load only: the warm-ups write slot 0's first KV entries."""
         if self.prefill_graphs is not None:
             sizes = prepared_sizes(max_tokens, self.batch_size, self.cache.context)
-            if self.packs_prefill(PACKED_MIN_TOKENS + 1) and packed_tokens > 2 * PACKED_MIN_TOKENS:
+            if self.packed_prefill and packed_tokens > 2 * PACKED_MIN_TOKENS:
                 sizes = tuple(sorted({*sizes, *pack_sizes(packed_tokens)}))
             self.prefill_graphs.prepare(sizes)
 
     def packs_prefill(self, n_tokens: int) -> bool:
         """Whether a chunk of `n_tokens` tokens may share a prefill pass with other sequences' chunks
         (`prefill_parts`) with its numbers unchanged: where prefill replays graphs (plain attention and
-        dense FFNs on a GPU), the prefill products keep each row's numbers at any row count (gufo's fixed
-        tiles, `--prefill-products tiles`: cuBLAS does not, measured) and the chunk is long enough that
+        dense FFNs on a GPU), every product keeps each row's numbers at any row count (`DecoderModel.
+        packs_rows`: gufo's fixed tiles, `--prefill-products tiles`; cuBLAS does not, measured) and the
+        chunk is long enough that
         alone it takes the prefill route in every product (the determinism contract; checked on the GPU
         by tests/models/test_device_engine.py)."""
-        return (
-            self.prefill_graphs is not None
-            and self.cache.scratch_slot is not None
-            and self.options.kernels.prefill_products == "tiles"
-            and n_tokens > PACKED_MIN_TOKENS
-        )
+        return self.packed_prefill and n_tokens > PACKED_MIN_TOKENS
 
     @torch.inference_mode()
     def prefill_parts(self, parts: Sequence[PrefillPart]) -> list[torch.Tensor]:
@@ -338,13 +336,7 @@ class Engine:
         in order. The parts that `packs_prefill` run in passes of up to PACKED_MAX_PARTS of them (one graph
         replay of their rows, each part's attention over its own slot), the others one after another.
         Either way each part's numbers are those `prefill` gives it alone."""
-        for part in parts:
-            self.check_fits(part.start + len(part.tokens))
-            if not part.tokens:
-                raise BadInputError("empty prompt: nothing to evaluate")
         packable = [i for i, part in enumerate(parts) if self.packs_prefill(len(part.tokens))]
-        if len(packable) < 2:
-            packable = []
         logits: list[torch.Tensor | None] = [None] * len(parts)
         for first in range(0, len(packable), PACKED_MAX_PARTS):
             group = packable[first : first + PACKED_MAX_PARTS]
@@ -363,6 +355,7 @@ class Engine:
 
         segments, row = [], 0
         for part in parts:
+            self.check_fits(part.start + len(part.tokens))
             self.cache.reserve(part.slot, part.start, part.start + len(part.tokens))
             segments.append(Segment(part.slot, part.start, len(part.tokens), row))
             row += len(part.tokens)

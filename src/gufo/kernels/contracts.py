@@ -62,6 +62,11 @@ class LinearKernel(Kernel, Protocol):
         """Whether a product of `rows` rows gives each row the numbers of its own one-row product."""
         return self.batch_invariant
 
+    def packs_rows(self, weight: Any) -> bool:
+        """Whether products of more rows than `keeps_rows` takes give each row the same numbers at any
+        such row count, so that several sequences' prefill chunks may share one product."""
+        return self.batch_invariant
+
 
 class ExpertLinearKernel(Kernel, Protocol):
     """Products with one matrix per expert of a 3-D expert tensor [n_experts, rows, cols], the experts

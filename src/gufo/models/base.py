@@ -448,6 +448,11 @@ class DecoderModel:
         )
         return plain and all(linear.keeps_rows(WIDE_MAX_TOKENS) for linear in self._linears())
 
+    def packs_rows(self) -> bool:
+        """Whether every product's prefill rows keep their numbers at any row count (`Linear.packs_rows`),
+        so that several sequences' chunks may share a prefill pass."""
+        return all(linear.packs_rows() for linear in self._linears())
+
     def torch_layers_route(self) -> DecodeRoute:
         """Decode on the model's own torch layers, one token per pass (not batch-invariant)."""
         return DecodeRoute("torch:torch-layer", self._layer_step, False, 1, False)

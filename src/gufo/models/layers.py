@@ -98,6 +98,10 @@ class Linear:
         """Whether this product of `rows` rows gives each row the numbers of its own one-row product."""
         return self.kernel.keeps_rows(self.weight, rows)
 
+    def packs_rows(self) -> bool:
+        """Whether its prefill rows keep their numbers at any row count (`LinearKernel.packs_rows`)."""
+        return self.kernel.packs_rows(self.weight)
+
     def spec(self) -> ProductSpec:
         """This product as data, for fused kernels."""
         return ProductSpec(

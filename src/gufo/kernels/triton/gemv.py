@@ -24,7 +24,7 @@ from gufo.kernels.triton.launch import (
     takes_int8_rows,
 )
 from gufo.kernels.triton.planes import TritonWeight, upload
-from gufo.kernels.triton.prefill_gemm import dequantize_weight, prefill_product
+from gufo.kernels.triton.prefill_gemm import dequantize_weight, on_tiles, prefill_product
 from gufo.options import KernelOptions
 
 
@@ -57,6 +57,11 @@ class TritonLinear(LinearKernel):
             or self.takes_int8(weight, rows)
             or on_half_rows(weight, rows, self.half_rows)
         )
+
+    def packs_rows(self, weight: TritonWeight) -> bool:
+        """On the fixed tiles (`--prefill-products tiles`, NVIDIA) with half-precision operands; cuBLAS
+        picks its kernel by the shape (docs/decisions.md, "Packed prefill")."""
+        return on_tiles(weight, self.tile_prefill)
 
     def apply(self, x: torch.Tensor | Int8Rows, weight: TritonWeight) -> torch.Tensor:
         if isinstance(x, Int8Rows) or skinny(

@@ -48,13 +48,13 @@ def dequantize_weight(weight: TritonWeight, dtype: torch.dtype = PREFILL_DTYPE) 
 
 
 def _product(x: torch.Tensor, dense: torch.Tensor, tiles: bool = False) -> torch.Tensor:
-    """x @ dense^T, float32 out: with `tiles`, for half-precision operands, on gufo's fixed tiles
+    """x @ dense^T, float32 out: with `tiles` (half-precision operands: `on_tiles`) on gufo's fixed tiles
     (prefill_tiles.product; its rows the same at any row count); else for half-precision operands on
     CUDA straight from cuBLAS's float32 accumulators (out_dtype, no rounding of the result and no
     conversion pass); elsewhere (float32 operands, ROCm, the CPU interpreter) the product's own result
     widened."""
     x2 = x.reshape(-1, x.shape[-1])
-    if tiles and x.dtype in prefill_tiles.OPERAND_DTYPES:
+    if tiles:
         y = prefill_tiles.product(x2 if x2.stride(-1) == 1 else x2.contiguous(), dense)
     elif x.dtype != torch.float32 and x.device.type == "cuda" and torch.version.hip is None:
         y = torch.mm(x2, dense.T, out_dtype=torch.float32)
@@ -75,13 +75,25 @@ def prefill_operand(
     return gemv_int8.round_rows(rows if rows.stride(-1) == 1 else rows.contiguous(), dtype).reshape(x.shape)
 
 
+def prefill_dtype(weight: TritonWeight) -> torch.dtype:
+    """The operands' dtype of the weight's prefill product: the weight's own for float weights, else
+    PREFILL_DTYPE."""
+    return FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
+
+
+def on_tiles(weight: TritonWeight, tiles: bool) -> bool:
+    """Whether the weight's prefill product runs on gufo's fixed tiles (`_product`): asked for, and
+    half-precision operands."""
+    return tiles and prefill_dtype(weight) in prefill_tiles.OPERAND_DTYPES
+
+
 def prefill_product(
     x: torch.Tensor, weight: TritonWeight, int8_min_weights: int, tiles: bool = False
 ) -> torch.Tensor:
     """x [..., K] @ W^T in x's dtype, through the dense matrix (`dequantize_weight`); with `tiles` on
     gufo's fixed tiles where the operands are half precision (`_product`)."""
     check_operands(x, weight)
-    dtype = FLOAT_PREFILL_DTYPES.get(weight.qtype, PREFILL_DTYPE)
+    dtype = prefill_dtype(weight)
     operand = prefill_operand(x, weight, dtype, int8_min_weights)
     dense = weight.planes[0] if weight.qtype == Q.F16 else dequantize_weight(weight, dtype)  # F16: as it is
-    return _product(operand, dense, tiles).to(x.dtype)
+    return _product(operand, dense, on_tiles(weight, tiles)).to(x.dtype)
