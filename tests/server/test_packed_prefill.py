@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from gufo.engine.prompt_cache import PromptCache
 from gufo.engine.sampling import SamplingParams
 from gufo.server.metrics import Metrics
 from gufo.server.scheduler import FinishEvent, Job, Scheduler
@@ -112,6 +113,18 @@ def test_a_few_shared_first_tokens_do_not_split_the_call_where_only_whole_chunks
     engine = Packer(3)
     run(engine, prompts, prefill_batch=64)
     assert engine.calls[:2] == [("pass", ((0, 0, 8),)), ("copy", 0, 1, 3)]
+
+
+def test_a_slot_that_holds_the_first_token_still_waits_for_the_chunk_that_brings_the_rest():
+    """`PromptCache.chunk_adds` against what the slot can hand over now: a slot that kept one shared
+    token (a BOS) from an earlier prompt hands over more only with its pending chunk, so that chunk runs
+    before a job sharing 10 tokens copies; a job that shares only that token needs no chunk."""
+    cache = PromptCache(Packer(2), CHUNK)
+    cache.tokens[0], cache.prefilled[0] = [1], 1  # the slot kept the BOS of its last prompt
+    chunk = [2, 3, 4, 5, 6, 7, 8]  # its job's next chunk: positions 1..7
+    assert cache.chunk_adds(0, chunk, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], holds=0)
+    assert not cache.chunk_adds(0, chunk, [1, 99, 3, 4, 5, 6, 7, 8, 9, 10], holds=0)
+    assert not cache.chunk_adds(0, chunk, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], holds=8)  # has them all
 
 
 @pytest.mark.parametrize("prefill_batch", [8, 64])

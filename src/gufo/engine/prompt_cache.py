@@ -115,21 +115,20 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         return reused if self.engine.invariant_prefill else reused // self.chunk * self.chunk
 
     def chunk_adds(self, slot: int, chunk: Sequence[int], prompt: Sequence[int], holds: int) -> bool:
-        """Whether `slot`'s prefill of `chunk` (after what it holds) is what would let it hand `prompt` more
-        than `holds` tokens as `reusable` reuses them (any prefix where prefill is batch-invariant, else
-        whole chunks of prefilled tokens; never the prompt's last token): false where the chunk does not
-        get it there, or where a KV-only slot holds that much already."""
+        """Whether `slot`'s prefill of `chunk` (after what it holds) would let it hand `prompt` more than
+        both `holds` tokens and what it can hand over now, as `reusable` reuses them (any prefix where
+        prefill is batch-invariant, else whole chunks of prefilled tokens; never the prompt's last
+        token). With recurrent state what it can hand over now does not count: the copy may need the
+        state the chunk saves (`resumable`)."""
+        now = max(holds, self.reusable(slot, prompt)) if self.engine.rewindable else holds
         step = 1 if self.engine.invariant_prefill else self.chunk
-        wanted = (holds // step + 1) * step  # the shortest prefix longer than `holds` reuse would take
+        wanted = (now // step + 1) * step  # the shortest prefix longer than `now` reuse would take
         tokens = self.tokens[slot]
-        fresh_now, fresh_after = self.fresh(slot), len(tokens) + len(chunk)
+        fresh_after = len(tokens) + len(chunk)
         if not self.engine.invariant_prefill:
             fresh_after = (self.prefilled[slot] + len(chunk)) // self.chunk * self.chunk
         if wanted > min(fresh_after, len(prompt) - 1):
-            return False  # the chunk falls short
-        # a KV-only slot hands that much over now; a recurrent one may need the state its chunk saves
-        if self.engine.rewindable and wanted <= fresh_now:
-            return False
+            return False  # the chunk does not get the slot there
         have = min(len(tokens), wanted)
         return tokens[:have] == prompt[:have] and list(chunk[: wanted - have]) == list(prompt[have:wanted])
 
