@@ -51,8 +51,8 @@ class KernelOptions:
     dependent_launch: bool = True
     # the products of 1..64 int8 activation rows of Q4_K, Q6_K and Q8_0 weights: "vector" (gemv_int8, up
     # to 16 rows) or "tensor" (rows_int8: tensor-core tiles of 16 rows, every row count of a run alike);
-    # "f16": every weight dequantized to float16 at load, 1..64 float rows on rows_half's tiles of 16
-    # rows, every row count of a run alike
+    # "f16": every weight dequantized to float16 at load, 1..64 float rows in one cuBLAS product of 64
+    # rows (rows_half), every row count of a run alike
     row_products: str = "vector"
     # the products of more than the skinny routes' rows (prefill): "cublas" (dequantized weights times the
     # activations in one cuBLAS product) or "tiles" (gufo's fixed tensor-core tiles, prefill_tiles.py: each

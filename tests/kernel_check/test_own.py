@@ -33,7 +33,6 @@ from gufo.kernels.triton import (  # noqa: E402
     prefill_tiles,
     recurrent,
     routing,
-    rows_half,
     rows_int8,
 )
 
@@ -111,7 +110,6 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
             elementwise,
             recurrent,
             routing,
-            rows_half,
             prefill_tiles,
         )
         for name, obj in vars(module).items()
@@ -134,9 +132,8 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     # and on int8 tensor cores with KernelOptions.row_products = "tensor" (own_fixtures compiles them
     # whatever the options)
     int8 |= {k.__name__ for k in rows_int8.KERNELS.values()}
-    # the grouped expert products of a prefill, on the tensor cores; the float16 rows of
-    # KernelOptions.row_products = "f16" (compiled whatever the options)
-    dot |= {k.__name__ for k in experts_prefill.KERNELS.values()} | {rows_half.rows_f16.__name__}
+    # the grouped expert products of a prefill, on the tensor cores
+    dot |= {k.__name__ for k in experts_prefill.KERNELS.values()}
     dot.add(prefill_tiles.dense_tiles.__name__)  # KernelOptions.prefill_products = "tiles" (NVIDIA)
     assert public == engine | dot | int8
     # no tensor-core or dp4a path on ROCm

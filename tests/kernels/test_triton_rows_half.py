@@ -1,8 +1,8 @@
-"""The float16 tensor-core products of rows_half.py (KernelOptions.row_products = "f16"): every weight
-dequantized once at load to the `gguf` package's values rounded to float16, each row's numbers whatever
-rows share its product, against a float64 oracle; the launch policy that picks them. Kernels run in the
-Triton interpreter on CPU (a worker subprocess: triton_interpreter.py), and on real shapes on a GPU when
-there is one."""
+"""The float16 row products of rows_half.py (KernelOptions.row_products = "f16"): every weight dequantized
+once at load to the `gguf` package's values rounded to float16, each row's numbers whatever rows share its
+product, against a float64 oracle; the launch policy that picks them. The dequantizer runs in the Triton
+interpreter on CPU (a worker subprocess: triton_interpreter.py); the products run on cuBLAS on real
+shapes on a GPU when there is one."""
 
 from __future__ import annotations
 
@@ -45,16 +45,16 @@ def oracle(info, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.double() @ w.T, x.double().abs() @ w.abs().T
 
 
-def check_rows_alike(qtype: gguf.GGMLQuantizationType, splits: int | None, cols: int | None = None) -> None:
+def check_rows_alike(qtype: gguf.GGMLQuantizationType) -> None:
     """The weight held as the `gguf` package's values in float16, bit for bit; rows in products of 1, 3,
     16, 20, 40 and 64 rows bit for bit the same per row, and close to the oracle."""
-    info = random_tensor(qtype, rows=70, cols=cols)
+    info = random_tensor(qtype, rows=70)
     weight = HALF.prepare(info)
     assert weight.qtype == Q.F16 and torch.equal(weight.planes[0], dequantized(info).half())
     x = activations(64, info.shape[1]) * torch.logspace(-2, 1, info.shape[1])
-    first = products_in_parts(x, weight, BATCHES[0], splits=splits, half_rows=True)
+    first = products_in_parts(x, weight, BATCHES[0], half_rows=True)
     for rows in BATCHES[1:]:
-        got = products_in_parts(x, weight, rows, splits=splits, half_rows=True)
+        got = products_in_parts(x, weight, rows, half_rows=True)
         assert torch.equal(got, first), f"{rows} rows a product differ from one"
     want, scale = oracle(info, x)
     worst = ((first.double() - want).abs() / (REL * scale + 1e-30)).max().item()
@@ -62,7 +62,7 @@ def check_rows_alike(qtype: gguf.GGMLQuantizationType, splits: int | None, cols:
 
 
 def check_linear_takes_64_rows_then_prefill() -> None:
-    """The engine's linear kernel with row_products = "f16": a 64-row product on the float16 tiles, equal
+    """The engine's linear kernel with row_products = "f16": a 64-row product on the float16 rows, equal
     per row to that row alone; 65 rows on the prefill route, multiplying the same float16 weights."""
     info = random_tensor(Q.Q4_K, rows=70)
     weight = HALF.prepare(info)
@@ -79,9 +79,7 @@ def check_linear_takes_64_rows_then_prefill() -> None:
 def interpreter_cases() -> dict[str, Callable[[], None]]:
     cases: dict[str, Callable[[], None]] = {}
     for qtype in FORMATS:
-        cases[f"rows_alike-{qtype.name}"] = lambda q=qtype: check_rows_alike(q, None)
-    # two K ranges (split-K) with a tail in the last 128-column step (19 blocks of 32)
-    cases["rows_alike-split_k-Q8_0"] = lambda: check_rows_alike(Q.Q8_0, 2, cols=19 * 32)
+        cases[f"rows_alike-{qtype.name}"] = lambda q=qtype: check_rows_alike(q)
     cases["linear_64_rows_then_prefill"] = check_linear_takes_64_rows_then_prefill
     return cases
 
@@ -94,20 +92,24 @@ test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 
 def test_half_route_for_every_row_count():
-    """What `gemv` launches for 1..64 float rows of an F16 weight with half_rows (the launcher replaced by
-    a recorder): the float16 tiles for every row count alike, in one row tile of 64 (BLOCK_M) in
-    the grid, the K split asked with the same tile count whatever the rows; without half_rows, never."""
-    n, k = 4096, 512
-    weight = planes.TritonWeight(Q.F16, (n, k), (torch.empty(0),))
-    for rows in range(1, 65):
-        with (
-            mock.patch.object(rows_half, "launch") as half,
-            mock.patch.object(launch, "_splits", return_value=2) as splits,
-        ):
-            launch.gemv(torch.zeros(rows, k), weight, 0, LAUNCH, half_rows=True)
-        assert half.call_args.args[3] == (1, n // 64, 2), rows  # one tile of 64 rows
-        assert splits.call_args.args[1] == n // 64
+    """`gemv` with half_rows hands 1..64 float rows of an F16 weight to rows_half.product (a recorder
+    around it), whose rows each equal that row alone, bit for bit, and the float64 product of the
+    float16-rounded operands to float32 accuracy; without half_rows, never; 65 rows are refused."""
+    n, k = 96, 128
+    dense = torch.randn(n, k).half()
+    weight = planes.TritonWeight(Q.F16, (n, k), (dense,))
+    x = torch.randn(64, k)
+    want = x.half().double() @ dense.double().T
+    alone = torch.cat([rows_half.product(x[i : i + 1], dense) for i in range(64)])
+    assert torch.allclose(alone.double(), want, rtol=1e-5, atol=1e-4)
+    for rows in (1, 2, 17, 63, 64):
+        with mock.patch.object(rows_half, "product", wraps=rows_half.product) as recorded:
+            y = launch.gemv(x[:rows], weight, 0, LAUNCH, half_rows=True)
+        assert recorded.call_count == 1 and y.dtype == torch.float32, rows
+        assert torch.equal(y, alone[:rows]), rows
         assert not launch.on_half_rows(weight, rows, False)
+    with pytest.raises(ValueError, match="float16 rows: 65 rows, expected 1..64"):
+        rows_half.product(torch.zeros(65, k), dense)
 
 
 def test_linear_kernel_row_limits():

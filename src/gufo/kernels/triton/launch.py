@@ -10,7 +10,7 @@ gemv_kernels / gemv_int8 runs, its tile shape, its split of K, and the launch it
     rows of the TENSOR_ROW_FORMATS on NVIDIA: rows_int8's tensor-core tiles, for every row count alike
     (AMD keeps the vector path, as above);
   - with `half_rows` (KernelOptions.row_products = "f16", whose weights are all F16), 1..MAX_HALF_ROWS
-    rows on NVIDIA: rows_half's float16 tensor-core tiles, for every row count alike.
+    rows on NVIDIA: rows_half's product of a fixed row count on cuBLAS, for every row count alike.
 Block sizes are ones that compiled without register spills for sm_90 and gfx1151. M > 16 is the
 prefill's (prefill_gemm), except for products on the tensor-core rows (`skinny`).
 
@@ -236,8 +236,8 @@ def on_tensor_rows(weight: TritonWeight, rows: int, int8: bool, tensor_rows: boo
 
 
 def on_half_rows(weight: TritonWeight, rows: int, half_rows: bool) -> bool:
-    """Whether a product of `rows` float rows runs on rows_half's float16 tiles: with `half_rows`, an F16
-    weight, 1..MAX_HALF_ROWS rows, on NVIDIA (or the CPU interpreter)."""
+    """Whether a product of `rows` float rows runs on rows_half's fixed-shape float16 product: with
+    `half_rows`, an F16 weight, 1..MAX_HALF_ROWS rows, on NVIDIA (or the CPU, in tests)."""
     return (
         half_rows
         and weight.qtype in rows_half.HALF_ROW_FORMATS
@@ -294,7 +294,7 @@ def gemv(
     launch of a product on the int8 vector kernels instead of `int8_config`'s (the bandwidth sweep's
     candidates; `fitted` to K here), an error on any other path; `experts`: the expert-indexed product
     of x [S or 1, K] -> [S, rows] (`ExpertRows`), on the vector kernels; `half_rows`: float rows of an
-    F16 weight on the float16 tensor-core tiles (`on_half_rows`).
+    F16 weight in rows_half's fixed-shape float16 product (`on_half_rows`).
     """
     check_operands(x, weight)
     if splits is not None and splits < 1:
@@ -321,13 +321,13 @@ def gemv(
     tensor = not indexed and on_tensor_rows(
         weight, m, quantized or int8_activations(x, weight, int8_min_weights), tensor_rows
     )
-    half = not (indexed or quantized) and on_half_rows(weight, m, half_rows)
+    if not (indexed or quantized) and on_half_rows(weight, m, half_rows):
+        if config is not None:
+            raise ValueError("a DecodeConfig given to a product off the int8 vector kernels")
+        return rows_half.product(x2, weight.planes[0]).to(dtype).reshape(*lead, n)
     ids: tuple[torch.Tensor | None, ...] = ()  # the vector kernels' ids_ptr (None: not indexed)
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
-    if half:
-        block_n, step = rows_half.HALF_TILE[:2]
-        kernel, block_m, int8 = None, rows_half.BLOCK_M, False
-    elif tensor:
+    if tensor:
         tile = tensor_config(weight.qtype, m)
         kernel, block_n, step, warps = None, tile.block_n, tile.step, tile.num_warps
         block_m, int8 = rows_int8.BLOCK_M, True
@@ -344,7 +344,7 @@ def gemv(
         ids = (experts.ids if indexed else None,)
         # indexed: one assignment per program row (grid axis 2), its expert's rows for the tiles
         block_m = 1 if indexed else min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
-    if config is not None and (tensor or half or not int8):
+    if config is not None and (tensor or not int8):
         raise ValueError("a DecodeConfig given to a product off the int8 vector kernels")
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
@@ -352,10 +352,7 @@ def gemv(
         splits = _splits(x.device, tensor_split_tiles(weight.qtype, n) if tensor else grid_n, n_steps)
     per_split, splits = split_ranges(splits, n_steps)
     out = torch.empty(splits, m, n, dtype=dtype if splits == 1 else torch.float32, device=x.device)
-    if m and half:
-        grid = (grid_m, grid_n, splits)  # the row tiles of an output tile side by side (rows_half.py)
-        rows_half.launch(x2, weight.planes, out, grid, n_steps, per_split, launch.options(out.device))
-    elif m and tensor:
+    if m and tensor:
         rows = x2 if quantized else gemv_int8.quantize_rows(x2, launch)
         rows_int8.launch(
             rows, weight.qtype, weight.planes, out, (grid_n, splits, grid_m), n_steps, per_split, block_n,

@@ -46,7 +46,6 @@ from gufo.kernels.triton.planes import TritonWeight, weight_planes
 from gufo.kernels.triton.prefill_gemm import PREFILL_DTYPE
 from gufo.kernels.triton.recurrent import TritonCausalConv1d, TritonGatedDeltaRule
 from gufo.kernels.triton.routing import TritonMoeCombine, TritonMoeRoute
-from gufo.kernels.triton.rows_half import HALF_ROW_FORMATS
 from gufo.options import KernelOptions
 
 # Weight shapes [N, K] of a real model (Qwen3-0.6B: MLP down, gate/up, attention output, query). Every
@@ -69,9 +68,8 @@ def linear_examples(options: KernelOptions) -> Iterator[str]:
     """The engine's products on the reference and small shapes: float32 activations of 1..MAX_BLOCK_M
     rows (decode, speculative, batched) and one more (prefill), plus the tensor-core kernels at the half
     precision they exist for, on int8 rows (NVIDIA: KernelOptions.row_products = "tensor", whatever
-    `options` says: one row and MAX_TENSOR_ROWS, the narrow and the wide tiles) and on float16 rows of F16
-    weights ("f16": one row and MAX_HALF_ROWS); one row on the large shape. Each format's label is its
-    name."""
+    `options` says: one row and MAX_TENSOR_ROWS, the narrow and the wide tiles); one row on the large
+    shape. Each format's label is its name. (The float16 rows of "f16" are cuBLAS's: nothing to compile.)"""
     linear = TritonLinear(options)
     for qtype in FORMATS:
         yield qtype.name.lower()
@@ -84,8 +82,6 @@ def linear_examples(options: KernelOptions) -> Iterator[str]:
                 gemv(x, weight, linear.int8_min_weights, linear.launch)
                 for rows in (1, MAX_TENSOR_ROWS) if qtype in TENSOR_ROW_FORMATS else ():  # narrow, wide tiles
                     gemv(torch.empty(rows, k, device="meta"), weight, 0, linear.launch, tensor_rows=True)
-                for rows in (1, MAX_HALF_ROWS) if qtype in HALF_ROW_FORMATS else ():  # row_products "f16"
-                    gemv(torch.empty(rows, k, device="meta"), weight, 0, linear.launch, half_rows=True)
         n, k = LARGE_SHAPE
         linear.apply(torch.empty(1, k, device="meta"), meta_weight(qtype, n, k))
 
