@@ -53,10 +53,11 @@ def main() -> int:
         for m in BLOCKS:
             x = torch.randn(m, k, device="cuda").half()
             seconds = median_seconds(
-                [lambda w=w: torch.mm(x, w.T, out_dtype=torch.float32) for w in weights], "cuda", REP_MS
+                [lambda w=w, x=x: torch.mm(x, w.T, out_dtype=torch.float32) for w in weights], "cuda", REP_MS
             )
-            row = {"N": n, "K": k, "M": m, "us": seconds * 1e6, "weight_gbps": weight.numel() * 2 / seconds / 1e9,
-                   "invariant": invariant(weight, m)}  # fmt: skip
+            gbps = weight.numel() * 2 / seconds / 1e9
+            same = invariant(weight, m)
+            row = {"N": n, "K": k, "M": m, "us": seconds * 1e6, "weight_gbps": gbps, "invariant": same}
             print(json.dumps(row), flush=True)
             rows.append(row)
             layer_us[m] += per_layer * seconds * 1e6
