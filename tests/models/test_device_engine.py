@@ -192,13 +192,13 @@ def test_speculative_verification_is_bit_identical(synth_model):
     drafted = [5, 9, 13, 17, 21, 25, 29, 33, 37, 41]  # positions 250..259
     engine.prepare_verification(len(drafted))  # captured up front: verification replays, never captures
     assert set(engine.graph_decoder.graphs) == {(0, n) for n in range(1, len(drafted) + 1)}
-    captured = engine.graph_capture_seconds
+    captured = engine.graph_decoder.capture_seconds  # the decode graphs' (prefill captures its own)
     verified = []
     for each in (engine, eager):
         each.prefill(prompt)
         assert each.batch_invariant_decode
         verified.append(each.decode_tokens(drafted, len(prompt)).cpu())
-    assert engine.graph_capture_seconds == captured
+    assert engine.graph_decoder.capture_seconds == captured
     for i, token in enumerate(drafted):
         step = engine.decode(token, len(prompt) + i)
         assert torch.equal(verified[0][i], step) and torch.equal(verified[1][i], step), i
