@@ -197,6 +197,18 @@ def test_decode_checks_its_operands():
         DECODE.apply(q, pages(), index, torch.zeros(2, dtype=torch.int64), 0.125, None)
 
 
+def test_split_programs_spread_many_tokens_over_fewer_programs():
+    """A token alone gets a program per range; tokens sharing a launch get fewer, each taking several of
+    its ranges in turn (the interpreter cases above compare tokens alone with the same tokens launched
+    together: 21 programs a KV head alone against 4 together on SHAPES[5] at 64 programs, 5 against 1 in
+    `check_slots`), down to one per (KV head, token) for a 64-row decode step on Qwen3-8B's heads."""
+    split_programs = attention_kernels.split_programs
+    assert split_programs(21, 3, 1, 64) == 21 and split_programs(21, 3, 5, 64) == 4
+    assert split_programs(5, 3, 1, 16) == 5 and split_programs(5, 3, 3, 16) == 1
+    assert split_programs(33, 8, 1, 264) == 33 and split_programs(33, 8, 16, 264) == 2
+    assert split_programs(33, 8, 64, 264) == 1
+
+
 def test_registered_on_cuda_backend():
     register_all("cuda")
     route, kernel = registry.lookup("cuda", ATTENTION_DECODE)

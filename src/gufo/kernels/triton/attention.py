@@ -2,10 +2,11 @@
 split across the context ("flash decoding").
 
 A decode step has one query row per head, so a kernel per KV head alone would leave most of the GPU
-idle at long depths. `attention_decode_split` gives each program one token, one KV head and one range
-of cache entries: it reads that range's keys and values once for all the query heads sharing the KV
-head (GQA), keeps a running maximum and sum (online softmax) in float32, and writes its partial
-result; `attention_decode_combine` rescales and adds the partials per head. The cache may be float16
+idle at long depths. Each token's entries are cut into ranges, and `attention_decode_split` gives each
+program one token, one KV head and one range of them (several ranges in turn where many tokens share
+the launch: `split_programs`): it reads a range's keys and values once for all the query heads sharing
+the KV head (GQA), keeps a running maximum and sum (online softmax) in float32, and writes the range's
+partial result; `attention_decode_combine` rescales and adds the partials per head. The cache may be float16
 (what the GPU engine stores) or float32; the arithmetic is float32 either way.
 
 Each token's position is read from a device tensor, and so is how the cache entries up to it are cut
@@ -65,18 +66,18 @@ def _product(a, b, DOT: tl.constexpr):
 def attention_decode_split(
     q_ptr, k_ptr, v_ptr, table_ptr, index_ptr, slot_ptr, acc_ptr, max_ptr, sum_ptr, stride_table,
     stride_kh, stride_kp, stride_kt, stride_vh, stride_vp, stride_vt, window, scale, H, G, DK, DV,
-    PAGE: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
+    n_splits, PAGE: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, WINDOWED: tl.constexpr, DOT: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    """Per (KV head, range, token): the G query heads of the KV head (ROWS held, GROUP stored) over the
-    range's keys and values, as a partial softmax: running maximum, sum and weighted values. The token's
-    entries are slot slot_ptr[token]'s, position t at offset t % PAGE of page table[slot, t // PAGE]
-    (table stride 0: one slot's table row for every token)."""
+    """Per (KV head, program, token): the G query heads of the KV head (ROWS held, GROUP stored) over
+    each of the token's n_splits ranges that the program takes (every num_programs(1)-th from its own),
+    as one partial softmax per range: running maximum, sum and weighted values. A range's partial is the
+    same whichever program computes it, so the grid's width changes no number. The token's entries are
+    slot slot_ptr[token]'s, position t at offset t % PAGE of page table[slot, t // PAGE] (table stride
+    0: one slot's table row for every token)."""
     wait_for_inputs(PDL)
     kv_head = tl.program_id(0)
-    split = tl.program_id(1)
-    n_splits = tl.num_programs(1)
     token = tl.program_id(2)
     index = tl.load(index_ptr + token)
     slot = tl.load(slot_ptr + token)
@@ -84,49 +85,51 @@ def attention_decode_split(
     g = tl.arange(0, ROWS)
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
-    # the visible entries of a range: t <= index (and t > index - window); every loop step of a
-    # non-empty range then holds at least one visible key, so the running maximum is finite after the
-    # first. Empty ranges store nothing: the combine kernel skips them by the same arithmetic.
-    chunk = _range_size(index, n_splits, BLOCK_T)
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, index + 1)
-    if WINDOWED:
-        lo = tl.maximum(lo, index - window + 1)
     q_mask = (g < G)[:, None] & (dk < DK)[None, :]
     q = tl.load(q_ptr + (token * H + kv_head * G + g)[:, None] * DK + dk[None, :], mask=q_mask, other=0.0)
     q = q.to(tl.float32) * scale
-    running_max = tl.full((ROWS,), float("-inf"), tl.float32)
-    running_sum = tl.zeros((ROWS,), tl.float32)
-    acc = tl.zeros((ROWS, BLOCK_DV), tl.float32)
-    for start in range(lo, hi, BLOCK_T):
-        t = start + tl.arange(0, BLOCK_T)
-        ok = t < hi
-        page = tl.load(table_ptr + t // PAGE, mask=ok, other=0)
-        key_at = page * stride_kp + (t % PAGE) * stride_kt
-        value_at = page * stride_vp + (t % PAGE) * stride_vt
-        # both loads issued before the arithmetic that waits for them
-        k = tl.load(
-            k_ptr + kv_head * stride_kh + key_at[None, :] + dk[:, None],
-            mask=ok[None, :] & (dk < DK)[:, None],
-            other=0.0,
-        ).to(tl.float32)  # [BLOCK_DK, BLOCK_T]
-        v = tl.load(
-            v_ptr + kv_head * stride_vh + value_at[:, None] + dv[None, :],
-            mask=ok[:, None] & (dv < DV)[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        scores = tl.where(ok[None, :], _product(q, k, DOT), float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        rescale = tl.exp(running_max - new_max)
-        p = tl.exp(scores - new_max[:, None])
-        acc = acc * rescale[:, None] + _product(p, v, DOT)
-        running_sum = running_sum * rescale + tl.sum(p, axis=1)
-        running_max = new_max
-    part = ((token * tl.num_programs(0) + kv_head) * n_splits + split) * GROUP + g
-    filled = (lo < hi) & (g < GROUP)
-    tl.store(acc_ptr + part[:, None] * BLOCK_DV + dv[None, :], acc, mask=filled[:, None])
-    tl.store(max_ptr + part, running_max, mask=filled)
-    tl.store(sum_ptr + part, running_sum, mask=filled)
+    # the visible entries of a range: t <= index (and t > index - window); every loop step of a
+    # non-empty range then holds at least one visible key, so the running maximum is finite after the
+    # first. Empty ranges store nothing: the combine kernel skips them by the same arithmetic; ranges
+    # past the one holding the token's own entry are empty, so the programs stop there.
+    chunk = _range_size(index, n_splits, BLOCK_T)
+    for split in range(tl.program_id(1), index // chunk + 1, tl.num_programs(1)):
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, index + 1)
+        if WINDOWED:
+            lo = tl.maximum(lo, index - window + 1)
+        running_max = tl.full((ROWS,), float("-inf"), tl.float32)
+        running_sum = tl.zeros((ROWS,), tl.float32)
+        acc = tl.zeros((ROWS, BLOCK_DV), tl.float32)
+        for start in range(lo, hi, BLOCK_T):
+            t = start + tl.arange(0, BLOCK_T)
+            ok = t < hi
+            page = tl.load(table_ptr + t // PAGE, mask=ok, other=0)
+            key_at = page * stride_kp + (t % PAGE) * stride_kt
+            value_at = page * stride_vp + (t % PAGE) * stride_vt
+            # both loads issued before the arithmetic that waits for them
+            k = tl.load(
+                k_ptr + kv_head * stride_kh + key_at[None, :] + dk[:, None],
+                mask=ok[None, :] & (dk < DK)[:, None],
+                other=0.0,
+            ).to(tl.float32)  # [BLOCK_DK, BLOCK_T]
+            v = tl.load(
+                v_ptr + kv_head * stride_vh + value_at[:, None] + dv[None, :],
+                mask=ok[:, None] & (dv < DV)[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            scores = tl.where(ok[None, :], _product(q, k, DOT), float("-inf"))
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            rescale = tl.exp(running_max - new_max)
+            p = tl.exp(scores - new_max[:, None])
+            acc = acc * rescale[:, None] + _product(p, v, DOT)
+            running_sum = running_sum * rescale + tl.sum(p, axis=1)
+            running_max = new_max
+        part = ((token * tl.num_programs(0) + kv_head) * n_splits + split) * GROUP + g
+        filled = (lo < hi) & (g < GROUP)
+        tl.store(acc_ptr + part[:, None] * BLOCK_DV + dv[None, :], acc, mask=filled[:, None])
+        tl.store(max_ptr + part, running_max, mask=filled)
+        tl.store(sum_ptr + part, running_sum, mask=filled)
 
 
 @triton.jit
@@ -232,6 +235,16 @@ def decode_launch(
     return group, group, max(8, min(64, ELEMENTS_PER_STEP // (group * width))), splits
 
 
+def split_programs(splits: int, n_kv: int, n_tokens: int, programs: int) -> int:
+    """Programs per (KV head, token) of the split kernel: one per range for a token alone, fewer as tokens
+    share the launch (a decode step of many sequences: about `programs` in all, where one program per
+    range would launch that many per token, mostly over empty ranges at short depths), each taking every
+    so many of its token's ranges. A range's partial is computed alike whatever program takes it, so
+    this spreads the work without changing a number; the ranges themselves (`splits`) depend on the
+    device alone."""
+    return max(1, min(splits, programs // (n_kv * n_tokens)))
+
+
 class TritonAttentionDecode(LaunchedKernel, AttentionDecodeKernel):
     name = "triton-attention-decode"
 
@@ -267,10 +280,10 @@ class TritonAttentionDecode(LaunchedKernel, AttentionDecodeKernel):
         sums = torch.empty_like(maxima)
         q = q.contiguous()
         launch = self.launch.options(q.device)
-        attention_decode_split[(n_kv, splits, n_tokens)](
+        attention_decode_split[(n_kv, split_programs(splits, n_kv, n_tokens, programs), n_tokens)](
             q, keys, values, table, index, slot_of, acc, maxima, sums, table_stride, keys.stride(0),
             keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
-            window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim, PAGE=pages.page_size,
+            window or 0, scale, n_heads, n_heads // n_kv, key_dim, value_dim, splits, PAGE=pages.page_size,
             GROUP=group, ROWS=rows, BLOCK_T=block_t, BLOCK_DK=triton.next_power_of_2(key_dim),
             BLOCK_DV=block_dv, WINDOWED=window is not None, DOT=dot, num_warps=NUM_WARPS,
             num_stages=NUM_STAGES, **launch,
