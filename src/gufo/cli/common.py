@@ -155,7 +155,7 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         "4-way integer dot products per row, up to 16 rows a product), tensor (int8 rows of Q4_K, Q6_K and "
         "Q8_0 weights on tensor-core tiles of 16 rows, up to 64 rows a product) or f16 (every weight "
         "dequantized to float16 once at load, about 3.5x a Q4_K_M file's bytes of GPU memory, and "
-        "multiplied on float16 tensor-core tiles of 64 rows, up to 64 rows a product: for serving many "
+        "multiplied as one cuBLAS product of a fixed 64 rows, up to 64 rows a product: for serving many "
         "requests where memory allows). With tensor (where every weight takes it) and f16, a server's "
         "steps of up to 64 requests are one graph replay. Every decode step of a run, one row or many, "
         "takes the same route, so greedy output never depends on how many requests share a step "
