@@ -18,8 +18,8 @@ graphs the steps would run row by row, not what a server's step runs.)
 `--time` skips the check and times `decode_batch` alone (graph replays, the logits left on the device as
 for the server's greedy rows; no sampling or serving), to split a server step's time into the engine's and
 the rest: one JSON object per file on stdout, with the route, the most rows per replay and, per row count
-timed (1, 2, 4, 8, 16 and each bucket past 16 up to `--rows`), the bucket replayed and ms per step and
-per row.
+timed (1, 2, 4, 8, 16, each bucket past 16 up to `--rows`, and `--rows` itself: several replays where it
+passes the route's rows), the bucket replayed and ms per step and per row.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def check(path: str, options: RunOptions, rows: int) -> bool:
 
 
 def time_steps(path: str, options: RunOptions, rows: int, steps: int = 50) -> dict:
-    engine = Engine(path, options, context=1024, n_slots=rows)
+    engine = Engine(path, options, context=512, n_slots=rows)
     for slot in range(rows):
         engine.prefill([slot + 1] * 200, slot=slot)
     engine.prepare_rows(rows)
@@ -78,7 +78,7 @@ def time_steps(path: str, options: RunOptions, rows: int, steps: int = 50) -> di
     most = route.max_tokens or 1
     wide = [size for size in buckets.buckets(most) if size > buckets.EXACT_ROWS]
     timed = []
-    for count in sorted({n for n in (*TIMED_ROWS, *wide) if n <= rows}):
+    for count in sorted({n for n in (*TIMED_ROWS, *wide, rows) if n <= rows}):
         slots = list(range(count))
         for warm in (True, False):
             engine.synchronize()
