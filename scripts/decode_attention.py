@@ -15,12 +15,14 @@ import itertools
 import json
 
 import torch
+from gemv_bandwidth import median_seconds
 
 from gufo.kernels.kv_pages import KVPages
 from gufo.kernels.triton import attention
 from gufo.kernels.triton.dependent_launch import DependentLaunch
 
 HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 64
+REP_MS = 20
 
 
 def paged_cache(tokens: int, depth: int) -> KVPages:
@@ -31,29 +33,15 @@ def paged_cache(tokens: int, depth: int) -> KVPages:
     return KVPages(*pool, table)
 
 
-def time_us(tokens: int, depth: int, copies: int, calls: int = 20) -> float:
+def time_us(tokens: int, depth: int, copies: int) -> float:
     """Microseconds per decode-attention call of `tokens` sequences at `depth` cached entries."""
     kernel = attention.TritonAttentionDecode(DependentLaunch(enabled=True))
-    caches = [paged_cache(tokens, depth) for _ in range(copies)]
     q = torch.randn(tokens, HEADS, DIM, device="cuda")
     index = torch.full((tokens,), depth, device="cuda")
     slots = torch.arange(tokens, device="cuda")
-    run = [lambda c=c: kernel.apply(q, c, index, slots, DIM**-0.5, None) for c in caches]
-    for r in run:  # compile, warm up
-        r()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            run[i % copies]()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (5 * calls)
+    caches = [paged_cache(tokens, depth) for _ in range(copies)]
+    calls = [lambda c=c: kernel.apply(q, c, index, slots, DIM**-0.5, None) for c in caches]
+    return median_seconds(calls, "cuda", REP_MS) * 1e6
 
 
 def main() -> None:

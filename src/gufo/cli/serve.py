@@ -167,8 +167,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="prompt tokens prefilled per scheduler step, between decode steps, over the waiting prompts in "
         "turn (a step's first chunk always runs); on a GPU, where every layer is dense attention, with "
         "the fixed-tile prefill products (--prefill-products tiles; auto, the default here, picks them for "
-        "such models), their chunks of more than 64 tokens share one forward "
-        "pass (up to 16 a pass), so that many arriving "
+        "such models), their chunks of more than 64 tokens share one forward pass (up to 16 a pass), so "
+        "that many arriving "
         f"prompts cost fewer passes; more per step delays the running streams' next token longer (default: "
         f"{DEFAULT_PREFILL_BATCH} where chunks share passes, else --prefill-chunk)",
     )

@@ -325,9 +325,8 @@ class Engine:
         (`prefill_parts`) with its numbers unchanged: where prefill replays graphs (plain attention and
         dense FFNs on a GPU), every product keeps each row's numbers at any row count (`DecoderModel.
         packs_rows`: gufo's fixed tiles, `--prefill-products tiles`; cuBLAS does not, measured) and the
-        chunk is long enough that
-        alone it takes the prefill route in every product (the determinism contract; checked on the GPU
-        by tests/models/test_device_engine.py)."""
+        chunk is long enough that alone it takes the prefill route in every product (the determinism
+        contract; checked on the GPU by tests/models/test_device_engine.py)."""
         return self.packed_prefill and n_tokens > PACKED_MIN_TOKENS
 
     @torch.inference_mode()

@@ -112,7 +112,16 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         would compute them: any cached prefix where prefill is batch-invariant, else whole chunks of
         prefilled tokens only; never the last token, whose logits give the first."""
         reused = min(common_prefix(self.tokens[slot], prompt), len(prompt) - 1, self.fresh(slot))
-        return reused if self.engine.invariant_prefill else reused // self.chunk * self.chunk
+        return self._whole(reused)
+
+    def _grain(self) -> int:
+        """The lengths reuse takes: any where prefill is batch-invariant, else multiples of `chunk` (a
+        token's numbers depend on the chunk it was prefilled in)."""
+        return 1 if self.engine.invariant_prefill else self.chunk
+
+    def _whole(self, length: int) -> int:
+        """`length` cut down to what reuse takes (`_grain`)."""
+        return length // self._grain() * self._grain()
 
     def chunk_adds(self, slot: int, chunk: Sequence[int], prompt: Sequence[int], holds: int) -> bool:
         """Whether `slot`'s prefill of `chunk` (after what it holds) would let it hand `prompt` more than
@@ -121,12 +130,11 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         token). With recurrent state what it can hand over now does not count: the copy may need the
         state the chunk saves (`resumable`)."""
         now = max(holds, self.reusable(slot, prompt)) if self.engine.rewindable else holds
-        step = 1 if self.engine.invariant_prefill else self.chunk
-        wanted = (now // step + 1) * step  # the shortest prefix longer than `now` reuse would take
+        wanted = self._whole(now) + self._grain()  # the shortest prefix longer than `now` reuse would take
         tokens = self.tokens[slot]
         fresh_after = len(tokens) + len(chunk)
         if not self.engine.invariant_prefill:
-            fresh_after = (self.prefilled[slot] + len(chunk)) // self.chunk * self.chunk
+            fresh_after = self._whole(self.prefilled[slot] + len(chunk))
         if wanted > min(fresh_after, len(prompt) - 1):
             return False  # the chunk does not get the slot there
         have = min(len(tokens), wanted)
@@ -137,7 +145,7 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         all where prefill is batch-invariant, else its whole chunks of prefilled tokens."""
         if self.engine.invariant_prefill:
             return len(self.tokens[slot])
-        return self.prefilled[slot] // self.chunk * self.chunk
+        return self._whole(self.prefilled[slot])
 
     def resumable(self, slot: int, prompt: Sequence[int]) -> int:
         """How many of `prompt`'s first tokens `slot` can go on after: `reusable` where the cache is KV
@@ -165,9 +173,7 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         if self.store is None:
             return 0, []
         pages = self.store.match(prompt[: len(prompt) - 1])
-        length = len(pages) * self.engine.cache.page_size
-        if not self.engine.invariant_prefill:
-            length = length // self.chunk * self.chunk
+        length = self._whole(len(pages) * self.engine.cache.page_size)
         return length, pages[: self.engine.cache.pages_of(length)]
 
     @property

@@ -321,9 +321,10 @@ def gemv(
     tensor = not indexed and on_tensor_rows(
         weight, m, quantized or int8_activations(x, weight, int8_min_weights), tensor_rows
     )
-    if not (indexed or quantized) and on_half_rows(weight, m, half_rows):
-        if config is not None:
-            raise ValueError("a DecodeConfig given to a product off the int8 vector kernels")
+    half = not (indexed or quantized) and on_half_rows(weight, m, half_rows)
+    if config is not None and (half or tensor):  # the vector kernels' launch, not the rows' tiles
+        raise ValueError("a DecodeConfig given to a product off the int8 vector kernels")
+    if half:
         return rows_half.product(x2, weight.planes[0]).to(dtype).reshape(*lead, n)
     ids: tuple[torch.Tensor | None, ...] = ()  # the vector kernels' ids_ptr (None: not indexed)
     # ROCm: the tl.dot tile spilled to scratch on gfx1151 in every size tried, so AMD stays on the vector path
@@ -344,7 +345,7 @@ def gemv(
         ids = (experts.ids if indexed else None,)
         # indexed: one assignment per program row (grid axis 2), its expert's rows for the tiles
         block_m = 1 if indexed else min(VECTOR_BLOCK_M, triton.next_power_of_2(max(m, 1)))
-    if config is not None and (tensor or not int8):
+    if config is not None and not int8:
         raise ValueError("a DecodeConfig given to a product off the int8 vector kernels")
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     n_steps = triton.cdiv(k, step)
