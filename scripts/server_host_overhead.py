@@ -54,7 +54,7 @@ class StandInEngine:
     """What the scheduler and the routes read of an Engine, with logits ready before they are asked for:
     each row's maximum is planted on a token of TEXT, so every stream decodes to ordinary words."""
 
-    invariant_prefill = True
+    invariant_prefill = chunk_invariant_prefill = True
     rewindable = True
     tensor_parallel = 1
 

@@ -80,3 +80,49 @@ def test_prefill_without_graphs_needs_no_bucket(tmp_path):
     engine = Engine(write_tiny_model(tmp_path / "tiny.gguf"), context=64, batch_size=32)
     assert engine.prefill_graphs is None and engine._replay_size(13, 42) is None
     engine.prepare_prefill(512)  # nothing to capture on the CPU
+
+
+def test_a_packed_pass_replays_a_power_of_two_past_the_skinny_rows():
+    """At least PACK_MIN_ROWS rows (128: past the 64 rows the skinny products keep), so that every product
+    of the pass takes the prefill route, however few tokens it holds."""
+    assert chunks.PACK_MIN_ROWS == 128 > chunks.PACKED_MIN_TOKENS
+    assert [chunks.pack_bucket(n) for n in (1, 64, 128, 129, 450, 2048, 2049)] == [
+        128, 128, 128, 256, 512, 2048, 4096,
+    ]  # fmt: skip
+    assert chunks.pack_sizes(1, 2048) == (128, 256, 512, 1024, 2048)
+    assert chunks.pack_sizes(130, 600) == (256, 512, 1024)
+    with pytest.raises(ValueError, match="pass of 0 tokens"):
+        chunks.pack_bucket(0)
+
+
+class RecordedPasses:
+    """Stands in for `PrefillGraphs` on the CPU: records each packed pass it is handed (its parts and
+    rows) and runs the parts eagerly."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.calls = engine, []
+
+    def hidden_parts(self, parts, tokens: torch.Tensor, size: int) -> torch.Tensor:
+        self.calls.append(([(p.slot, p.start, p.n_tokens, p.row) for p in parts], size))
+        model, cache = self.engine.model, self.engine.cache
+        rows = [model.final_hidden(tokens[p.row : p.row + p.n_tokens], cache, p.slot, p.start) for p in parts]
+        return torch.cat(rows)
+
+
+def test_on_the_tiles_every_chunk_is_a_pass_of_its_own_however_short(tmp_path):
+    """`tiled_prefill` (chunk-invariant prefill on the GPU's fixed tiles): every chunk runs as a packed
+    pass of at least 128 rows, its padding on the scratch slot, even where a bucket's padding would pass
+    the context (no eager fallback: an eager chunk would take other products); chunks of any length
+    pack; and the logits are the eager layers' (the stand-in runs them)."""
+    path = write_tiny_model(tmp_path / "tiny.gguf")
+    engine = Engine(path, context=64, batch_size=32)
+    plain = engine.prefill([i % 31 + 1 for i in range(45)], start=10)
+    engine.packed_prefill = engine.tiled_prefill = True
+    graphs = engine.prefill_graphs = RecordedPasses(engine)
+    prompt = [i % 31 + 1 for i in range(45)]
+    assert torch.equal(engine.prefill(prompt, start=10), plain)
+    assert graphs.calls == [([(0, 10, 32, 0)], 128), ([(0, 42, 13, 0)], 128)]
+    graphs.calls.clear()
+    engine.prefill(prompt[:8], start=56)  # 56 + 8 = 64: a 16-row bucket would pass the context
+    assert graphs.calls == [([(0, 56, 8, 0)], 128)]
+    assert engine.packs_prefill(1)

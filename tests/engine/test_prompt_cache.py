@@ -29,6 +29,14 @@ class KVOnly(TokenCache):
     invariant_prefill = False
 
 
+class ChunkInvariant(TokenCache):
+    """A KV cache whose prefill gives a token its numbers whatever its chunk, but not a decode step's (the
+    GPU's fixed tiles): any prefix of prefilled tokens is reused, decoded tokens never."""
+
+    invariant_prefill = False
+    chunk_invariant = True
+
+
 def converse(engine, cache: PromptCache, turns: list[list[int]]) -> list[int]:
     """Each turn prefilled through `cache` (its logits checked against the hash of the turn's prompt), then
     the first reply's tokens but the last fed one by one, as `Engine.generate` feeds them."""
@@ -52,6 +60,8 @@ def converse(engine, cache: PromptCache, turns: list[list[int]]) -> list[int]:
         (lambda: TokenCache(1), None, [0, 9, 7]),
         # whole prefilled chunks only: FIRST's first chunk, then SECOND's first two (8 > 7: one)
         (lambda: KVOnly(1), None, [0, 4, 4]),
+        # prefilled tokens at any length: FIRST (not its fed reply), then 7 of the second, all prefilled
+        (lambda: ChunkInvariant(1), None, [0, 6, 7]),
         # the whole sequence held (9); then one saved state, the second prompt's end (12 > 7): none
         (lambda: RecurrentCache(1, invariant_prefill=True), 1, [0, 9, 0]),
         # three saved states: 4, 6 (the first prompt's end) and 12; the third resumes at 6
@@ -61,7 +71,15 @@ def converse(engine, cache: PromptCache, turns: list[list[int]]) -> list[int]:
         # no saved state: only a slot's whole sequence, which a chunked prefill's reuse never reaches
         (lambda: RecurrentCache(1, invariant_prefill=False), 0, [0, 0, 0]),
     ],
-    ids=["kv", "kv-chunked", "recurrent-1-state", "recurrent-3-states", "recurrent-chunked", "no-states"],
+    ids=[
+        "kv",
+        "kv-chunked",
+        "kv-chunk-invariant",
+        "recurrent-1-state",
+        "recurrent-3-states",
+        "recurrent-chunked",
+        "no-states",
+    ],
 )
 def test_each_turn_reuses_the_prefix_its_own_prefill_would_compute(make, checkpoints, want):
     engine = make()

@@ -24,6 +24,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 from gufo.cli import main as cli_main  # noqa: E402
 from gufo.kernels.triton import (  # noqa: E402
     attention,
+    attention_prefill,
     codebook_dequant,
     elementwise,
     experts_prefill,
@@ -107,6 +108,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
             gemv_int8,
             rows_int8,
             attention,
+            attention_prefill,
             elementwise,
             recurrent,
             routing,
@@ -135,6 +137,7 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     # the grouped expert products of a prefill, on the tensor cores
     dot |= {k.__name__ for k in experts_prefill.KERNELS.values()}
     dot.add(prefill_tiles.dense_tiles.__name__)  # KernelOptions.prefill_products = "tiles" (NVIDIA)
+    dot.add(attention_prefill.attention_prefill_tiles.__name__)  # and its attention
     assert public == engine | dot | int8
     # no tensor-core or dp4a path on ROCm
     for target, want in (("gfx1151", public - dot - int8), ("sm_90", public)):
@@ -197,14 +200,14 @@ def test_register_cap_only_on_the_one_row_8x2048_int8_tiles(compiled):
 
 
 # launched once per prefill product, not dependently
-PREFILL_KERNELS = ("dequant_", "round_rows_", "grouped_", "dense_tiles")
+PREFILL_KERNELS = ("dequant_", "round_rows_", "grouped_", "dense_tiles", "attention_prefill_tiles")
 
 
 def test_dependent_launches_wait_before_reading(compiled):
     """sm_90 launches the decode kernels with programmatic dependent launch (dependent_launch): each such
     kernel must wait for the kernel before it (griddepcontrol.wait) before any global load, and only
     then let the next one launch; the prefill kernels (dequantizers, activation rounding, grouped expert
-    products, the fixed-tile products) launch plainly."""
+    products, the fixed-tile products and attention) launch plainly."""
     _, kernels = compiled
     nvidia = [k for k in kernels if k["arch"] == "sm_90"]
     for k in nvidia:

@@ -154,7 +154,38 @@ def test_packed_prefill_gives_each_part_its_numbers_alone(synth_model):
             mine, theirs = packed.cache.entries(layer, slot, end), alone.cache.entries(layer, slot, end)
             assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True)), (layer, slot)
     cublas = Engine(synth_model, options=RunOptions(device="cuda"), context=512, n_slots=3, batch_size=256)
-    assert not cublas.packs_prefill(100) and packed.packs_prefill(65) and not packed.packs_prefill(64)
+    assert not cublas.packs_prefill(100) and packed.packs_prefill(65) and packed.packs_prefill(1)
+
+
+def test_tiled_prefill_gives_a_token_its_numbers_whatever_its_chunk(synth_model):
+    """On the fixed tiles (`tiled_prefill`) a prompt prefilled whole and in chunks cut anywhere (1, 36,
+    113 and 149 tokens, the last 1) gives the same last logits and the same KV, bit for bit; so a prompt
+    that reuses another's prefilled tokens up to any length (`PromptCache`, reusing 123) gets the logits
+    of its own fresh prefill. The oracle is the engine's whole-prompt prefill, itself within float16
+    rounding of cuBLAS's (the default route, checked against the CPU engine above)."""
+    from gufo.engine.prompt_cache import PromptCache
+
+    tiles = RunOptions(device="cuda", kernels=KernelOptions(prefill_products="tiles"))
+    whole = Engine(synth_model, options=tiles, context=512, n_slots=2, batch_size=256)
+    assert whole.tiled_prefill and whole.chunk_invariant_prefill and not whole.invariant_prefill
+    prompt = [1 + (13 * i) % 500 for i in range(300)]
+    want = whole.prefill(prompt, all_logits=True)
+    chunked = Engine(synth_model, options=tiles, context=512, n_slots=2, batch_size=256)
+    start = 0
+    for length in (1, 36, 113, 149, 1):
+        got = chunked.prefill(prompt[start : start + length], start=start)
+        start += length
+        assert torch.equal(got, want[start - 1]), start
+    for layer in range(len(whole.cache.keys)):
+        mine, theirs = chunked.cache.entries(layer, 0, 300), whole.cache.entries(layer, 0, 300)
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True)), layer
+    cublas = Engine(synth_model, options=RunOptions(device="cuda"), context=512).prefill(prompt)
+    assert compare_logits(cublas, want[-1]).cosine > 0.999
+    cache = PromptCache(chunked, 256)
+    cache.prefill(1, prompt)
+    second = prompt[:123] + [7, 8, 9]
+    logits, reused = cache.prefill(1, second)
+    assert reused == 123 and torch.equal(logits, whole.prefill(second, slot=1))
 
 
 def test_a_server_captures_its_prefill_buckets_at_load(synth_model):

@@ -137,6 +137,12 @@ class PageAccounting:
     def release_pages(self, slot: int, length: int) -> None:
         self.cache.release(slot, length)
 
+    @property
+    def chunk_invariant_prefill(self) -> bool:
+        """Where the stand-in sets `chunk_invariant`: any prefix of prefilled tokens is reusable, decoded
+        ones never (the GPU's tiles); else what its `invariant_prefill` says."""
+        return getattr(self, "chunk_invariant", False) or self.invariant_prefill
+
     def packs_prefill(self, n_tokens: int) -> bool:
         return False  # one prefill per chunk, as Engine.prefill_parts runs chunks that cannot share a pass
 

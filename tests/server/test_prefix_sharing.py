@@ -1,10 +1,10 @@
 """Cross-slot prefix reuse, the scheduler's arithmetic (a stand-in engine records its calls): prompts that
 share a prefix are admitted together, the first computes each chunk of it and the others copy what it has
 prefilled at their turn in the same step, copies costing no prefill budget. Where prefill is not
-batch-invariant (the GPU) only whole chunks of prefilled tokens are copied, where it is any shared
-prefix (the last prompt token always evaluated), and a model with recurrent state copies nothing. The
-expected calls are worked out by hand from the rules in gufo.server.scheduler's docstring. And the
-prefix comparison it makes for every slot, against a plain loop."""
+chunk-invariant (the GPU's cuBLAS) only whole chunks of prefilled tokens are copied, where it is (the
+GPU's tiles, the CPU) any shared prefix (the last prompt token always evaluated), and a model with
+recurrent state copies nothing. The expected calls are worked out by hand from the rules in
+gufo.server.scheduler's docstring. And the prefix comparison it makes for every slot, against a plain loop."""
 
 from __future__ import annotations
 
@@ -29,9 +29,12 @@ class Recorder(Logits):
     ("decode", rows). Without `rewindable` (recurrent state) a copy must come with the state the source
     saved when it held exactly `length` tokens."""
 
-    def __init__(self, n_slots: int, invariant_prefill: bool, rewindable: bool = True):
+    def __init__(
+        self, n_slots: int, invariant_prefill: bool, rewindable: bool = True, chunk_invariant: bool = False
+    ):
         super().__init__(n_slots)
         self.invariant_prefill, self.rewindable = invariant_prefill, rewindable
+        self.chunk_invariant = chunk_invariant
         self.calls: list[tuple] = []
         self.held = [0] * n_slots  # prompt tokens each slot has run
 
@@ -101,8 +104,11 @@ def test_without_batch_invariant_prefill_whole_chunks_of_a_shared_prefix_are_cop
     assert metrics.prompt_tokens == 3 * 24
 
 
-def test_with_batch_invariant_prefill_the_whole_shared_prefix_is_copied():
-    engine = Recorder(3, invariant_prefill=True)
+@pytest.mark.parametrize("invariant", ["batch", "chunk"])
+def test_with_batch_or_chunk_invariant_prefill_the_whole_shared_prefix_is_copied(invariant):
+    """Prompts share prefilled tokens only, so chunk invariance (the GPU's tiles) copies as much as batch
+    invariance (the CPU: decoded tokens too)."""
+    engine = Recorder(3, invariant_prefill=invariant == "batch", chunk_invariant=invariant == "chunk")
     jobs, metrics = run(engine, PROMPTS)
     assert engine.calls == [
         ("prefill", 0, 0, 8), ("copy", 0, 1, 8),

@@ -167,8 +167,10 @@ def add_eager_flag(parser: argparse.ArgumentParser) -> None:
         default="cublas",
         help="GPU (NVIDIA): how prefill products (more rows than the decode routes take) run: cublas (the "
         "weights dequantized to float16, then one cuBLAS product, which picks its kernel by the shape: the "
-        "fastest for one prompt) or tiles (gufo's fixed tensor-core tiles: each row's numbers the same "
-        "whatever rows share the product, so that a server's prompts can share prefill passes); auto: "
+        "fastest for one prompt) or tiles (gufo's fixed tensor-core tiles, and an attention whose blocks of "
+        "keys start at fixed positions: each prompt token's numbers the same whatever rows share the "
+        "pass and whatever chunk it comes in, so that a server's prompts can share prefill passes and "
+        "reuse a cached prefix of any length); auto: "
         "tiles for the models whose prompts can share passes (llama, qwen3, gemma3: every layer dense "
         "attention), cublas for the others (default cublas; serve: auto)",
     )

@@ -43,9 +43,10 @@ reasoning_content. Request extensions: top_k, min_p, repeat_penalty (llama.cpp s
 stop_token_ids, cache_prompt=false (no prefix reuse), chat_template_kwargs (variables for the chat
 template, e.g. enable_thinking); max_completion_tokens is max_tokens' newer name in chat completions.
 Greedy output (and seeded sampled output) does not depend on prefix reuse, streaming or concurrency;
-where prefill is not batch-invariant (not the CPU's fused layer), only whole --prefill-chunk chunks of
-prompt tokens are reused for that. A model with recurrent state reuses a prefix where a session saved
-its state (--state-checkpoints), or the whole sequence a session holds.
+where prefill is not chunk-invariant (neither the CPU's fused layer nor the GPU's --prefill-products
+tiles), only whole --prefill-chunk chunks of prompt tokens are reused for that. A model with recurrent
+state reuses a prefix where a session saved its state (--state-checkpoints), or the whole sequence a
+session holds.
 Responses carry usage and timings (cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms; with
 speculation also draft_n and draft_n_accepted).
 With --speculative each request drafts and verifies in its own slot (a draft model gets as many slots
@@ -167,8 +168,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="prompt tokens prefilled per scheduler step, between decode steps, over the waiting prompts in "
         "turn (a step's first chunk always runs); on a GPU, where every layer is dense attention, with "
         "the fixed-tile prefill products (--prefill-products tiles; auto, the default here, picks them for "
-        "such models), their chunks of more than 64 tokens share one forward pass (up to 16 a pass), so "
-        "that many arriving "
+        "such models), their chunks share one forward pass (up to 16 a pass), so that many arriving "
         f"prompts cost fewer passes; more per step delays the running streams' next token longer (default: "
         f"{DEFAULT_PREFILL_BATCH} where chunks share passes, else --prefill-chunk)",
     )

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -217,6 +218,8 @@ class Engine:
                 self.prefill_graphs = PrefillGraphs(self.model, self.cache, self.graph_decoder.device)
         # whether chunks of several sequences may share a prefill pass (`packs_prefill`)
         self.packed_prefill = packs and self.prefill_graphs is not None
+        # whether every chunk runs as such a pass, its attention chunk-invariant (`chunk_invariant_prefill`)
+        self.tiled_prefill = self.packed_prefill and self.model.chunk_invariant_attention()
         # the hidden rows of every pass, kept once a proposer asks for them (`keep_hidden_rows`)
         self.hidden_rows: HiddenRows | None = None
 
@@ -269,6 +272,17 @@ class Engine:
         route = self.model.decode_route
         return route.batch_invariant and route.max_tokens is None and not self.model.prefill_taps
 
+    @property
+    def chunk_invariant_prefill(self) -> bool:
+        """Whether a prefilled token's logits and KV depend only on the tokens up to it, never on how its
+        prompt was chunked, which prefix was cached or which rows shared its pass: through the decode
+        route (`invariant_prefill`, whose numbers are a decode step's too), or on the GPU where every
+        chunk runs on the fixed tiles (`tiled_prefill`: the tile products, which keep a row's numbers at
+        any row count, in passes of at least TILED_MIN_ROWS rows, with an attention that cuts every row's
+        keys at the same absolute positions; docs/decisions.md, "Chunk-invariant GPU prefill"), whose
+        numbers are not a decode step's: there a decoded token's KV differs from a prefilled one's."""
+        return self.invariant_prefill or self.tiled_prefill
+
     @torch.inference_mode()
     def prefill(
         self, tokens: Sequence[int], slot: int = 0, start: int = 0, all_logits: bool = False
@@ -289,8 +303,11 @@ class Engine:
         for begin in range(0, len(tokens), self.batch_size):
             chunk = ids[begin : begin + self.batch_size]
             is_last = begin + self.batch_size >= len(tokens)
-            size = self._replay_size(len(chunk), start + begin)
-            if size is not None:
+            size = None if self.tiled_prefill else self._replay_size(len(chunk), start + begin)
+            if self.tiled_prefill:  # a pass of its own on the tiles
+                hidden = self._packed_hidden([PrefillPart(slot, start + begin, chunk.tolist())])
+                logits = self.model.head(hidden, all_logits)
+            elif size is not None:
                 hidden = self.prefill_graphs.hidden(chunk, slot, start + begin, size)
                 if self.hidden_rows is not None:  # the graphs' buffer is reused: a copy
                     self.hidden_rows.record(slot, start + begin, hidden.clone())
@@ -314,10 +331,12 @@ class Engine:
         --prefill-chunk), one set per bucket, and those of packed passes of up to `packed_tokens` rows
         (`prefill_parts`; a server's --prefill-batch), so that the first prompts do not pay for captures
         (logged with the time taken). At load only: the warm-ups write slot 0's first KV entries."""
-        if self.prefill_graphs is not None:
+        if self.tiled_prefill:  # every chunk a pass on the tiles
+            self.prefill_graphs.prepare(pack_sizes(1, max(max_tokens, packed_tokens)))
+        elif self.prefill_graphs is not None:
             sizes = prepared_sizes(max_tokens, self.batch_size, self.cache.context)
             if self.packed_prefill and packed_tokens > 2 * PACKED_MIN_TOKENS:
-                sizes = tuple(sorted({*sizes, *pack_sizes(packed_tokens)}))
+                sizes = tuple(sorted({*sizes, *pack_sizes(2 * PACKED_MIN_TOKENS + 2, packed_tokens)}))
             self.prefill_graphs.prepare(sizes)
 
     def packs_prefill(self, n_tokens: int) -> bool:
@@ -325,9 +344,10 @@ class Engine:
         (`prefill_parts`) with its numbers unchanged: where prefill replays graphs (plain attention and
         dense FFNs on a GPU), every product keeps each row's numbers at any row count (`DecoderModel.
         packs_rows`: gufo's fixed tiles, `--prefill-products tiles`; cuBLAS does not, measured) and the
-        chunk is long enough that alone it takes the prefill route in every product (the determinism
-        contract; checked on the GPU by tests/models/test_device_engine.py)."""
-        return self.packed_prefill and n_tokens > PACKED_MIN_TOKENS
+        chunk is long enough that alone it takes the prefill route in every product, as every chunk does
+        on the tiles (`tiled_prefill`) (the determinism contract; checked on the GPU by tests/models/
+        test_device_engine.py)."""
+        return self.packed_prefill and (self.tiled_prefill or n_tokens > PACKED_MIN_TOKENS)
 
     @torch.inference_mode()
     def prefill_parts(self, parts: Sequence[PrefillPart]) -> list[torch.Tensor]:
@@ -349,7 +369,15 @@ class Engine:
         return logits
 
     def _packed_pass(self, parts: Sequence[PrefillPart]) -> list[torch.Tensor]:
-        """One graph replay of the parts' rows (`PrefillGraphs.hidden_parts`): each part's last logits."""
+        """One graph replay of the parts' rows (`_packed_hidden`): each part's last logits."""
+        with profiling.phase_range(self.options.profile, profiling.PREFILL_RANGE):
+            hidden = self._packed_hidden(parts)
+            last = hidden[[end - 1 for end in accumulate(len(part.tokens) for part in parts)]]
+            return list(self.model.head(last, all_logits=True).cpu())
+
+    def _packed_hidden(self, parts: Sequence[PrefillPart]) -> torch.Tensor:
+        """The residual stream of the parts' rows, one part after another, from one graph replay
+        (`PrefillGraphs.hidden_parts`, a view of its buffer) of `pack_bucket` rows."""
         from gufo.engine.graphs.prefill import Segment
 
         segments, row = [], 0
@@ -359,14 +387,11 @@ class Engine:
             segments.append(Segment(part.slot, part.start, len(part.tokens), row))
             row += len(part.tokens)
         ids = torch.tensor([token for part in parts for token in part.tokens], dtype=torch.long)
-        with profiling.phase_range(self.options.profile, profiling.PREFILL_RANGE):
-            hidden = self.prefill_graphs.hidden_parts(segments, ids, pack_bucket(row))
-            if self.hidden_rows is not None:  # the graphs' buffer is reused: copies
-                for seg in segments:
-                    rows = hidden[seg.row : seg.row + seg.n_tokens].clone()
-                    self.hidden_rows.record(seg.slot, seg.start, rows)
-            last = hidden[[seg.row + seg.n_tokens - 1 for seg in segments]]
-            return list(self.model.head(last, all_logits=True).cpu())
+        hidden = self.prefill_graphs.hidden_parts(segments, ids, pack_bucket(row))
+        if self.hidden_rows is not None:  # the graphs' buffer is reused: copies
+            for seg in segments:
+                self.hidden_rows.record(seg.slot, seg.start, hidden[seg.row : seg.row + seg.n_tokens].clone())
+        return hidden
 
     @torch.inference_mode()
     def embed(self, tokens: Sequence[int], pooling: str = "mean") -> torch.Tensor:

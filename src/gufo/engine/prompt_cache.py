@@ -2,8 +2,10 @@
 
 A prompt's output depends on the prompt alone, never on what was cached. Where the engine's prefill is
 batch-invariant (`Engine.invariant_prefill`: the CPU's fused layer, or the hybrid's token-by-token
-layers) any cached prefix gives the numbers a fresh prefill would, decoded tokens included. Elsewhere a
-token's numbers depend on the prefill chunk it was in, so chunks start at multiples of `chunk` (absolute
+layers) any cached prefix gives the numbers a fresh prefill would, decoded tokens included. Where it is
+chunk-invariant only (`Engine.chunk_invariant_prefill`: the GPU's fixed tiles) a prompt reuses any prefix
+of prefilled tokens, never decoded ones (a decode step's numbers are not prefill's). Elsewhere a token's
+numbers depend on the prefill chunk it was in, so chunks start at multiples of `chunk` (absolute
 positions) and a prompt reuses only KV that its own fresh prefill would compute in the same chunks: whole
 chunks of prefilled tokens, never decoded ones (docs/decisions.md, "Greedy output is a function of the
 request alone").
@@ -109,15 +111,16 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
 
     def reusable(self, slot: int, prompt: Sequence[int]) -> int:
         """How many of `prompt`'s first tokens the KV of `slot` holds as the prompt's own fresh prefill
-        would compute them: any cached prefix where prefill is batch-invariant, else whole chunks of
-        prefilled tokens only; never the last token, whose logits give the first."""
+        would compute them: any cached prefix where prefill is batch-invariant, any prefix of prefilled
+        tokens where it is chunk-invariant, else whole chunks of prefilled tokens only; never the last
+        token, whose logits give the first."""
         reused = min(common_prefix(self.tokens[slot], prompt), len(prompt) - 1, self.fresh(slot))
         return self._whole(reused)
 
     def _grain(self) -> int:
-        """The lengths reuse takes: any where prefill is batch-invariant, else multiples of `chunk` (a
+        """The lengths reuse takes: any where prefill is chunk-invariant, else multiples of `chunk` (a
         token's numbers depend on the chunk it was prefilled in)."""
-        return 1 if self.engine.invariant_prefill else self.chunk
+        return 1 if self.engine.chunk_invariant_prefill else self.chunk
 
     def _whole(self, length: int) -> int:
         """`length` cut down to what reuse takes (`_grain`)."""
@@ -126,9 +129,9 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
     def chunk_adds(self, slot: int, chunk: Sequence[int], prompt: Sequence[int], holds: int) -> bool:
         """Whether `slot`'s prefill of `chunk` (after what it holds) would let it hand `prompt` more than
         both `holds` tokens and what it can hand over now, as `reusable` reuses them (any prefix where
-        prefill is batch-invariant, else whole chunks of prefilled tokens; never the prompt's last
-        token). With recurrent state what it can hand over now does not count: the copy may need the
-        state the chunk saves (`resumable`)."""
+        prefill is batch-invariant, prefilled tokens only where it is chunk-invariant, else whole chunks
+        of prefilled tokens; never the prompt's last token). With recurrent state what it can hand over
+        now does not count: the copy may need the state the chunk saves (`resumable`)."""
         now = max(holds, self.reusable(slot, prompt)) if self.engine.rewindable else holds
         wanted = self._whole(now) + self._grain()  # the shortest prefix longer than `now` reuse would take
         tokens = self.tokens[slot]
@@ -142,7 +145,8 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
 
     def fresh(self, slot: int) -> int:
         """How many of the slot's first tokens hold the numbers a fresh prefill of them would compute:
-        all where prefill is batch-invariant, else its whole chunks of prefilled tokens."""
+        all where prefill is batch-invariant, else its prefilled tokens (in whole chunks where prefill is
+        not chunk-invariant either)."""
         if self.engine.invariant_prefill:
             return len(self.tokens[slot])
         return self._whole(self.prefilled[slot])
@@ -168,7 +172,7 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
 
     def stored(self, prompt: Sequence[int]) -> tuple[int, list[int]]:
         """(length, pages): the longest prefix of `prompt` the store holds, as `reusable` would reuse it
-        (never the last token; whole chunks where prefill is not batch-invariant), and its pages ((0, [])
+        (never the last token; whole chunks where prefill is not chunk-invariant), and its pages ((0, [])
         without a store)."""
         if self.store is None:
             return 0, []

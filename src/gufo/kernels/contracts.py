@@ -152,6 +152,10 @@ class GatedActKernel(Kernel, Protocol):
 
 
 class AttentionPrefillKernel(Kernel, Protocol):
+    # a query row's result depends on its query, its position and the entries up to it alone: never on
+    # the other rows of the call, nor on where the call's rows start (the chunk a prompt's token came in)
+    chunk_invariant: bool = False
+
     def apply(
         self,
         q: torch.Tensor,

@@ -453,6 +453,14 @@ class DecoderModel:
         so that several sequences' chunks may share a prefill pass."""
         return all(linear.packs_rows() for linear in self._linears())
 
+    def chunk_invariant_attention(self) -> bool:
+        """Whether every layer's prefill attention gives a row its numbers whatever chunk it comes in
+        (`AttentionPrefillKernel.chunk_invariant`): plain attention everywhere, on such a kernel."""
+        return all(
+            isinstance(layer.attn, SelfAttention) and layer.attn.kernels.prefill.chunk_invariant
+            for layer in self.layers
+        )
+
     def torch_layers_route(self) -> DecodeRoute:
         """Decode on the model's own torch layers, one token per pass (not batch-invariant)."""
         return DecodeRoute("torch:torch-layer", self._layer_step, False, 1, False)

@@ -17,6 +17,10 @@ MIN_BUCKET = 16  # the smallest padded chunk: the tensor-core products' tile hei
 # A chunk longer than this takes the prefill route in every product alone (past the most rows any skinny
 # route keeps: launch.MAX_TENSOR_ROWS, MAX_HALF_ROWS), so it may share a pass (Engine.packs_prefill)
 PACKED_MIN_TOKENS = 64
+# The fewest rows a pass of packed chunks replays: the smallest power of two past PACKED_MIN_TOKENS, so
+# that every product of the pass takes the prefill route however few tokens it holds (on the fixed tiles
+# a chunk of any length runs as such a pass: Engine.tiled_prefill)
+PACK_MIN_ROWS = 2 * PACKED_MIN_TOKENS
 
 
 def buckets(batch_size: int) -> tuple[int, ...]:
@@ -49,16 +53,15 @@ def prepared_sizes(max_tokens: int, batch_size: int, context: int) -> tuple[int,
 
 
 def pack_bucket(n_tokens: int) -> int:
-    """The graphs' length for a pass of several sequences' chunks, `n_tokens` rows in all (`Engine.
-    prefill_parts`): the smallest power of two holding them (its padding rows write the trash page, so
-    no bucket is bound by the context)."""
+    """The graphs' length for a pass of packed chunks, `n_tokens` rows in all (`Engine.prefill_parts`):
+    the smallest power of two holding them, at least PACK_MIN_ROWS (its padding rows write the trash
+    page, so no bucket is bound by the context)."""
     if n_tokens <= 0:
         raise ValueError(f"a packed prefill pass of {n_tokens} tokens")
-    return max(MIN_BUCKET, 1 << (n_tokens - 1).bit_length())
+    return max(PACK_MIN_ROWS, 1 << (n_tokens - 1).bit_length())
 
 
-def pack_sizes(max_tokens: int) -> tuple[int, ...]:
-    """The buckets packed passes of up to `max_tokens` rows replay: from the smallest a pack can need
-    (two chunks of more than PACKED_MIN_TOKENS tokens each) to `pack_bucket(max_tokens)`."""
-    first = pack_bucket(2 * PACKED_MIN_TOKENS + 2)
-    return tuple(1 << i for i in range(first.bit_length() - 1, pack_bucket(max_tokens).bit_length()))
+def pack_sizes(min_tokens: int, max_tokens: int) -> tuple[int, ...]:
+    """The buckets that packed passes of `min_tokens` to `max_tokens` rows replay."""
+    first, last = pack_bucket(min_tokens), pack_bucket(max_tokens)
+    return tuple(1 << i for i in range(first.bit_length() - 1, last.bit_length()))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gufo.kernels.registry import Registration
-from gufo.kernels.triton import attention, elementwise, experts, gemv, recurrent, routing
+from gufo.kernels.triton import attention, attention_prefill, elementwise, experts, gemv, recurrent, routing
 from gufo.kernels.triton.dependent_launch import DependentLaunch
 from gufo.options import KernelOptions
 
@@ -14,6 +14,7 @@ def registrations(options: KernelOptions) -> tuple[Registration, ...]:
         gemv.registrations(options)
         + experts.registrations(options)
         + attention.registrations(launch)
+        + attention_prefill.registrations(options)
         + elementwise.registrations(launch)
         + recurrent.registrations(launch, options)
         + routing.registrations(launch)

@@ -19,6 +19,7 @@ from gufo.kernels.int8_rows import ACT_BLOCK
 from gufo.kernels.kv_pages import PAGE_TOKENS, KVPages
 from gufo.kernels.triton import prefill_tiles
 from gufo.kernels.triton.attention import PROGRAMS_PER_MULTIPROCESSOR, TritonAttentionDecode
+from gufo.kernels.triton.attention_prefill import TritonAttentionPrefill
 from gufo.kernels.triton.decode_candidates import SWEEP_FORMATS, SWEEP_SHAPES, candidates
 from gufo.kernels.triton.dependent_launch import DependentLaunch
 from gufo.kernels.triton.elementwise import (
@@ -190,6 +191,19 @@ def attention_examples(options: KernelOptions) -> Iterator[str]:
                 kernel.apply(*args, programs=REFERENCE_PROGRAMS)
 
 
+def prefill_attention_examples(options: KernelOptions) -> Iterator[str]:
+    """The prefill attention on fixed tiles (with KernelOptions.prefill_products = "tiles", NVIDIA only,
+    compiled whatever the options) on the reference geometries: float32 queries over the GPU cache's
+    keys and values."""
+    if torch.version.hip is not None:
+        return
+    yield f"{str(cache_dtype('cuda')).removeprefix('torch.')}_cache"
+    for n_heads, n_kv, dim, window in REFERENCE_GEOMETRIES:
+        q = torch.empty(64, n_heads, dim, device="meta")
+        entries = torch.empty(n_kv, REFERENCE_SPANS[0], dim, dtype=cache_dtype("cuda"), device="meta")
+        TritonAttentionPrefill.apply(q, entries, entries, 0, dim**-0.5, window)
+
+
 def meta_pages(n_kv: int, span: int, key_dim: int, value_dim: int) -> KVPages:
     """A GPU KV cache's pages of one slot holding `span` positions, as meta tensors."""
     n_pages, dtype = span // PAGE_TOKENS, cache_dtype("cuda")
@@ -308,6 +322,7 @@ LAUNCH_EXAMPLES: tuple[Callable[[KernelOptions], Iterator[str]], ...] = (
     expert_decode_examples,
     expert_prefill_examples,
     attention_examples,
+    prefill_attention_examples,
     elementwise_examples,
     recurrent_examples,
     routing_examples,
