@@ -278,7 +278,7 @@ class Engine:
         prompt was chunked, which prefix was cached or which rows shared its pass: through the decode
         route (`invariant_prefill`, whose numbers are a decode step's too), or on the GPU where every
         chunk runs on the fixed tiles (`tiled_prefill`: the tile products, which keep a row's numbers at
-        any row count, in passes of at least TILED_MIN_ROWS rows, with an attention that cuts every row's
+        any row count, in passes of at least PACK_MIN_ROWS rows, with an attention that cuts every row's
         keys at the same absolute positions; docs/decisions.md, "Chunk-invariant GPU prefill"), whose
         numbers are not a decode step's: there a decoded token's KV differs from a prefilled one's."""
         return self.invariant_prefill or self.tiled_prefill
@@ -303,20 +303,28 @@ class Engine:
         for begin in range(0, len(tokens), self.batch_size):
             chunk = ids[begin : begin + self.batch_size]
             is_last = begin + self.batch_size >= len(tokens)
-            size = None if self.tiled_prefill else self._replay_size(len(chunk), start + begin)
-            if self.tiled_prefill:  # a pass of its own on the tiles
-                hidden = self._packed_hidden([PrefillPart(slot, start + begin, chunk.tolist())])
-                logits = self.model.head(hidden, all_logits)
-            elif size is not None:
-                hidden = self.prefill_graphs.hidden(chunk, slot, start + begin, size)
-                if self.hidden_rows is not None:  # the graphs' buffer is reused: a copy
-                    self.hidden_rows.record(slot, start + begin, hidden.clone())
+            hidden = self._graph_hidden(chunk, slot, start + begin)
+            if hidden is not None:
                 logits = self.model.head(hidden, all_logits)
             else:
                 logits = self.forward(chunk, slot, start + begin, all_logits=all_logits, per_token=per_token)
             if all_logits or is_last:
                 outputs.append(logits)
         return (torch.cat(outputs) if all_logits else outputs[-1][-1]).cpu()
+
+    def _graph_hidden(self, chunk: torch.Tensor, slot: int, start: int) -> torch.Tensor | None:
+        """A chunk's residual stream through the prefill graphs (a view of their buffer; its rows kept
+        where a proposer asks), or None where it runs eagerly: on the tiles (`tiled_prefill`) a packed
+        pass of its own, else its bucket's graphs where their padding stays within the context."""
+        if self.tiled_prefill:
+            return self._packed_hidden([PrefillPart(slot, start, chunk.tolist())])
+        size = self._replay_size(len(chunk), start)
+        if size is None:
+            return None
+        hidden = self.prefill_graphs.hidden(chunk, slot, start, size)
+        if self.hidden_rows is not None:  # the graphs' buffer is reused: a copy
+            self.hidden_rows.record(slot, start, hidden.clone())
+        return hidden
 
     def _replay_size(self, n_tokens: int, start: int) -> int | None:
         """The prefill graphs' length that a chunk of `n_tokens` at `start` replays, None where it runs
