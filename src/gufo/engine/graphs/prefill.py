@@ -190,8 +190,10 @@ class PrefillGraphs:
         the parts' tokens one part after another (T <= size), part i on rows parts[i].row.. at positions
         parts[i].start.. of parts[i].slot, each part's pages reserved by the caller. Each row's numbers
         are those its own chunk gets alone (`hidden`) where the products keep a row's numbers at any row
-        count past the skinny routes (what `Engine.packs_prefill` asks for). The padding rows go to the
-        cache's scratch slot, whose writes land on the trash page."""
+        count past the skinny routes (what `Engine.packs_prefill` asks for), and those of any chunking of
+        its prompt where the attention is chunk-invariant too (`Engine.tiled_prefill`, which runs every
+        chunk through here). The padding rows go to the cache's scratch slot, whose writes land on the
+        trash page."""
         scratch = self.cache.scratch_slot
         if scratch is None:
             raise RuntimeError("packed prefill needs the cache's scratch slot for its padding rows")
