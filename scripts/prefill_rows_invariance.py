@@ -32,16 +32,20 @@ SHAPES = ((4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288), (151936, 409
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 65, 96, 128, 192, 256, 300, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 
 
-# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages: prefill_tiles.TILES first
-# (the shape may differ per weight shape, never per M: the small ones fill more multiprocessors at a few
-# hundred rows, where one prompt's prefill runs)
+# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, splits of K: prefill_tiles.TILES first
+# (the launch may differ per weight shape, never per M: small tiles and K splits fill more multiprocessors
+# at a few hundred rows, where one prompt's prefill and a server's packed passes run)
 TILE_CANDIDATES = (
-    (128, 256, 64, 8, 3),
-    (128, 128, 64, 8, 3),
-    (128, 128, 64, 4, 4),
-    (64, 128, 64, 4, 4),
-    (64, 256, 64, 8, 3),
-    (64, 64, 64, 4, 4),
+    (128, 256, 64, 8, 3, 1),
+    (128, 128, 64, 8, 3, 1),
+    (128, 128, 64, 4, 4, 1),
+    (64, 128, 64, 4, 4, 1),
+    (64, 256, 64, 8, 3, 1),
+    (64, 64, 64, 4, 4, 1),
+    (128, 256, 64, 8, 3, 2),
+    (128, 256, 64, 8, 3, 4),
+    (128, 128, 64, 4, 4, 2),
+    (128, 128, 64, 4, 4, 4),
 )
 
 

@@ -136,8 +136,9 @@ def test_compiled_set_is_what_the_launch_code_declares(compiled):
     int8 |= {k.__name__ for k in rows_int8.KERNELS.values()}
     # the grouped expert products of a prefill, on the tensor cores
     dot |= {k.__name__ for k in experts_prefill.KERNELS.values()}
-    dot.add(prefill_tiles.dense_tiles.__name__)  # KernelOptions.prefill_products = "tiles" (NVIDIA)
-    dot.add(attention_prefill.attention_prefill_tiles.__name__)  # and its attention
+    # KernelOptions.prefill_products = "tiles" (NVIDIA): the products, their split sums, their attention
+    dot |= {prefill_tiles.dense_tiles.__name__, prefill_tiles.tile_split_sums.__name__}
+    dot.add(attention_prefill.attention_prefill_tiles.__name__)
     assert public == engine | dot | int8
     # no tensor-core or dp4a path on ROCm
     for target, want in (("gfx1151", public - dot - int8), ("sm_90", public)):
@@ -200,7 +201,14 @@ def test_register_cap_only_on_the_one_row_8x2048_int8_tiles(compiled):
 
 
 # launched once per prefill product, not dependently
-PREFILL_KERNELS = ("dequant_", "round_rows_", "grouped_", "dense_tiles", "attention_prefill_tiles")
+PREFILL_KERNELS = (
+    "dequant_",
+    "round_rows_",
+    "grouped_",
+    "dense_tiles",
+    "tile_split_sums",
+    "attention_prefill_tiles",
+)
 
 
 def test_dependent_launches_wait_before_reading(compiled):

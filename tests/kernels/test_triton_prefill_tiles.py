@@ -22,7 +22,9 @@ from gufo.options import KernelOptions  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 
-SMALL_TILES = (32, 32, 32, 4, 2)  # the interpreter's: several tiles each way on small shapes
+SMALL_TILES = (32, 32, 32, 4, 2, 1)  # the interpreter's: several tiles each way on small shapes
+# and K (80) in 3 ranges of 32 columns (the last 16), or 4 (the last empty): partial tiles added in order
+SPLIT_TILES = ((32, 32, 32, 4, 2, 3), (32, 32, 32, 4, 2, 4))
 
 
 def operands(
@@ -82,6 +84,10 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
     # only: Triton 3.6's interpreter multiplies bfloat16 operands as their raw bits (bfloat16 on a GPU)
     rows = (1, 17, 33, 70)
     cases["rows_alike-float16"] = lambda: check_rows_alike(torch.float16, 72, 80, rows, SMALL_TILES)
+    for tiles in SPLIT_TILES:
+        cases[f"rows_alike-split{tiles[-1]}"] = lambda t=tiles: check_rows_alike(
+            torch.float16, 72, 80, rows, t
+        )
     cases["linear_prefill_on_tiles"] = check_linear_prefill_on_tiles
     cases["refuses_mixed_operands"] = check_refuses_mixed_operands
     return cases
@@ -115,8 +121,10 @@ def test_prefill_products_option_is_checked():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [(4096, 4096), (12288, 4096), (4096, 12288)], ids=str)
-def test_gpu_rows_alike_real_shapes(shape, dtype):
+@pytest.mark.parametrize("splits", [1, 4], ids=["whole-k", "k-split-4"])
+def test_gpu_rows_alike_real_shapes(shape, dtype, splits):
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
     n, k = shape
-    check_rows_alike(dtype, n, k, (65, 128, 300, 512, 1000, 2048), prefill_tiles.TILES, "cuda")
+    tiles = (*prefill_tiles.TILES[:-1], splits)
+    check_rows_alike(dtype, n, k, (65, 128, 300, 512, 1000, 2048), tiles, "cuda")

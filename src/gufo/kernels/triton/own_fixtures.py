@@ -89,14 +89,17 @@ def linear_examples(options: KernelOptions) -> Iterator[str]:
 
 def prefill_tile_examples(options: KernelOptions) -> Iterator[str]:
     """The prefill products on fixed tiles (KernelOptions.prefill_products = "tiles", NVIDIA only, compiled
-    whatever the options): float16 and bfloat16 operands on the reference shapes."""
+    whatever the options): float16 and bfloat16 operands on the reference shapes, over the whole of K and
+    in a split of it (its partial sums)."""
     if torch.version.hip is not None:
         return
     yield "prefill_tiles"
     for n, k in REFERENCE_SHAPES:
         for dtype in prefill_tiles.OPERAND_DTYPES:
             x = torch.empty(MAX_HALF_ROWS + 1, k, dtype=dtype, device="meta")
-            prefill_tiles.product(x, torch.empty(n, k, dtype=dtype, device="meta"))
+            for splits in (1, 4):
+                tiles = (*prefill_tiles.TILES[:-1], splits)
+                prefill_tiles.product(x, torch.empty(n, k, dtype=dtype, device="meta"), tiles)
 
 
 def decode_candidate_examples(options: KernelOptions) -> Iterator[str]:
