@@ -236,13 +236,15 @@ class PrefillGraphs:
 
     def prepare(self, sizes: Sequence[int]) -> None:
         """Capture the graphs of chunks of each of `sizes` tokens now, each on rows of token 0 that write
-        the trash page: the cache's scratch slot at position 0 where it has one, else positions 0.. of
+        the trash page: the cache's scratch slot at position 0 where it has one (one row attended there,
+        so that the attention's kernels compile now too, not in a first prompt), else positions 0.. of
         slot 0 (call it before any sequence is in slot 0: at load, when the slot holds no pages)."""
         started, before = time.perf_counter(), self.capture_seconds
         missing = [size for size in sizes if size not in self.graphs]
+        scratch = self.cache.scratch_slot
         for size in missing:
-            if self.cache.scratch_slot is not None:
-                self.hidden_parts([], torch.zeros(0, dtype=torch.long), size)
+            if scratch is not None:
+                self.hidden_parts([Segment(scratch, 0, 1, 0)], torch.zeros(1, dtype=torch.long), size)
             else:
                 self._replay(torch.zeros(size, dtype=torch.long), 0, 0, size)
         torch.cuda.synchronize(self.device)
