@@ -4,6 +4,8 @@ stand-in for the graphs, which chunks `Engine.prefill` hands them (sizes and sta
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import pytest
 import torch
 
@@ -97,7 +99,8 @@ def test_a_packed_pass_replays_a_power_of_two_past_the_skinny_rows():
 
 class RecordedPasses:
     """Stands in for `PrefillGraphs` on the CPU: records each packed pass it is handed (its parts and
-    rows) and runs the parts eagerly."""
+    rows) and runs the parts eagerly, each through the CPU's own prefill route (the fused layer, token
+    by token)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine, self.calls = engine, []
@@ -105,7 +108,10 @@ class RecordedPasses:
     def hidden_parts(self, parts, tokens: torch.Tensor, size: int) -> torch.Tensor:
         self.calls.append(([(p.slot, p.start, p.n_tokens, p.row) for p in parts], size))
         model, cache = self.engine.model, self.engine.cache
-        rows = [model.final_hidden(tokens[p.row : p.row + p.n_tokens], cache, p.slot, p.start) for p in parts]
+        rows = [
+            model.final_hidden(tokens[p.row : p.row + p.n_tokens], cache, p.slot, p.start, True)
+            for p in parts
+        ]
         return torch.cat(rows)
 
 
@@ -126,3 +132,28 @@ def test_on_the_tiles_every_chunk_is_a_pass_of_its_own_however_short(tmp_path):
     engine.prefill(prompt[:8], start=56)  # 56 + 8 = 64: a 16-row bucket would pass the context
     assert graphs.calls == [([(0, 56, 8, 0)], 128)]
     assert engine.packs_prefill(1)
+
+
+def test_on_the_tiles_chunks_of_any_length_share_passes_of_up_to_16(tmp_path):
+    """`prefill_parts` on the tiles: every part packs, however short (1 and 5 tokens beside 70), 16 parts a
+    pass at most, a 17th alone; each part's last logits those of a fresh engine's prefill of it (the
+    CPU engine's own, checked against llama.cpp elsewhere; the stand-in passes run its layers)."""
+    from gufo.engine.engine import PrefillPart
+
+    path = write_tiny_model(tmp_path / "tiny.gguf")
+    engine = Engine(path, context=128, n_slots=17, batch_size=128)
+    engine.packed_prefill = engine.tiled_prefill = True
+    graphs = engine.prefill_graphs = RecordedPasses(engine)
+    lengths = [1, 5, 70, *[2] * 14]  # 17 parts
+    parts = [
+        PrefillPart(slot, 0, [(3 * slot + i) % 31 + 1 for i in range(n)]) for slot, n in enumerate(lengths)
+    ]
+    got = engine.prefill_parts(parts)
+    rows = [0, *accumulate(lengths[:15])]
+    assert graphs.calls == [
+        ([(slot, 0, n, row) for slot, (n, row) in enumerate(zip(lengths[:16], rows, strict=True))], 128),
+        ([(16, 0, 2, 0)], 128),
+    ]
+    for part, logits in zip(parts, got, strict=True):
+        fresh = Engine(path, context=128, batch_size=128)
+        assert torch.equal(logits, fresh.prefill(part.tokens)), part.slot
