@@ -114,6 +114,9 @@ class RecordedPasses:
         ]
         return torch.cat(rows)
 
+    def release(self) -> None:
+        pass
+
 
 def test_on_the_tiles_every_chunk_is_a_pass_of_its_own_however_short(tmp_path):
     """`tiled_prefill` (chunk-invariant prefill on the GPU's fixed tiles): every chunk runs as a packed
@@ -157,3 +160,18 @@ def test_on_the_tiles_chunks_of_any_length_share_passes_of_up_to_16(tmp_path):
     for part, logits in zip(parts, got, strict=True):
         fresh = Engine(path, context=128, batch_size=128)
         assert torch.equal(logits, fresh.prefill(part.tokens)), part.slot
+
+
+def test_a_prefill_tap_turns_the_tiles_off(tmp_path):
+    """A prefill tap (`--validate-prefill`'s noise) needs the model's own layers run eagerly: on the tiles
+    too, no chunk then goes to the graphs or shares a pass, and the tap is applied."""
+    path = write_tiny_model(tmp_path / "tiny.gguf")
+    engine = Engine(path, context=64, batch_size=32)
+    engine.packed_prefill = engine.tiled_prefill = True
+    graphs = engine.prefill_graphs = RecordedPasses(engine)
+    prompt = [i % 31 + 1 for i in range(20)]
+    plain = engine.prefill(prompt)
+    engine.add_prefill_tap(0, lambda hidden: hidden * 2)
+    assert engine.prefill_graphs is None and not engine.packs_prefill(100)
+    assert not torch.equal(engine.prefill(prompt), plain)
+    assert graphs.calls == [([(0, 0, 20, 0)], 128)]  # the call before the tap only

@@ -242,8 +242,9 @@ class Engine:
     def add_prefill_tap(self, layer: int, tap: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Apply `tap` to layer `layer`'s output on prefill passes (a debug perturbation). Prefill then
         runs the model's own layers eagerly: a captured chunk would not run the host-side tap, and the
-        decode route (`invariant_prefill`) has no prefill pass to perturb."""
+        decode route (`invariant_prefill`) has no prefill pass to perturb; nor do chunks share passes."""
         self.model.prefill_taps[layer] = tap
+        self.packed_prefill = self.tiled_prefill = False
         if self.prefill_graphs is not None:
             self.prefill_graphs.release()
             self.prefill_graphs = None
