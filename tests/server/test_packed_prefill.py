@@ -24,8 +24,14 @@ class Packer(Recorder):
     """Records ("pass", ((slot, start, n_tokens), ...)) for each `prefill_parts` call; a part on slot
     `failing` makes the call raise."""
 
-    def __init__(self, n_slots: int, failing: int | None = None, invariant_prefill: bool = True):
-        super().__init__(n_slots, invariant_prefill=invariant_prefill)
+    def __init__(
+        self,
+        n_slots: int,
+        failing: int | None = None,
+        invariant_prefill: bool = True,
+        chunk_invariant: bool = False,
+    ):
+        super().__init__(n_slots, invariant_prefill=invariant_prefill, chunk_invariant=chunk_invariant)
         self.failing = failing
 
     def packs_prefill(self, n_tokens: int) -> bool:
@@ -100,19 +106,31 @@ def test_a_chunk_that_a_later_job_copies_is_computed_before_the_copy():
     assert [tokens for tokens, _ in results] == [greedy_chain(slot, 14, 3) for slot in range(3)]
 
 
-def test_a_few_shared_first_tokens_do_not_split_the_call_where_only_whole_chunks_are_reused():
-    """A chat template's first tokens in every prompt: a GPU engine (prefill not batch-invariant) reuses
-    whole chunks only, so no job would copy from another's pending chunk, and the step's chunks share one
-    call; where any prefix is reused, the second job copies those tokens first."""
-    template = [1, 2, 3]
-    prompts = [template + [10 * i + j for j in range(4, 13)] for i in range(1, 4)]  # 12 tokens each
-    engine = Packer(3, invariant_prefill=False)
-    results = run(engine, prompts, prefill_batch=64)
+TEMPLATE_PROMPTS = [[1, 2, 3] + [10 * i + j for j in range(4, 13)] for i in range(1, 4)]  # 12 tokens each
+
+
+@pytest.mark.parametrize(
+    "invariant,chunk_invariant",
+    [(False, False), (False, True), (True, False)],
+    ids=["chunks", "chunk", "batch"],
+)
+def test_a_few_shared_first_tokens_do_not_split_the_call_where_chunks_share_it(invariant, chunk_invariant):
+    """A chat template's first tokens in every prompt: where chunks share a prefill call, waiting for another
+    job's pending chunk splits the call, which a job does for a whole chunk of shared tokens only
+    (`PromptCache.chunk_adds`), whatever prefix reuse takes (whole chunks on cuBLAS, any prefilled prefix
+    on the GPU's tiles, any prefix at all), so the step's chunks share one call."""
+    engine = Packer(3, invariant_prefill=invariant, chunk_invariant=chunk_invariant)
+    results = run(engine, TEMPLATE_PROMPTS, prefill_batch=64)
     assert engine.passes()[0] == ((0, 0, 8), (1, 0, 8), (2, 0, 8))
     assert [tokens for tokens, _ in results] == [greedy_chain(slot, 12, 3) for slot in range(3)]
-    engine = Packer(3)
-    run(engine, prompts, prefill_batch=64)
-    assert engine.calls[:2] == [("pass", ((0, 0, 8),)), ("copy", 0, 1, 3)]
+
+
+def test_a_few_shared_first_tokens_are_copied_where_chunks_run_one_by_one():
+    """Where chunks do not share calls (the CPU) and any prefix is reused, waiting costs nothing: the
+    second job copies the template's tokens from the first job's chunk before its own."""
+    engine = Recorder(3, invariant_prefill=True)
+    run(engine, TEMPLATE_PROMPTS, prefill_batch=64)
+    assert engine.calls[:2] == [("prefill", 0, 0, 8), ("copy", 0, 1, 3)]
 
 
 def test_a_slot_that_holds_the_first_token_still_waits_for_the_chunk_that_brings_the_rest():

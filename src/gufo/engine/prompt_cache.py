@@ -130,10 +130,13 @@ class PromptCache:  # a `gufo.engine.engine.PromptReuse`
         """Whether `slot`'s prefill of `chunk` (after what it holds) would let it hand `prompt` more than
         both `holds` tokens and what it can hand over now, as `reusable` reuses them (any prefix where
         prefill is batch-invariant, prefilled tokens only where it is chunk-invariant, else whole chunks
-        of prefilled tokens; never the prompt's last token). With recurrent state what it can hand over
-        now does not count: the copy may need the state the chunk saves (`resumable`)."""
+        of prefilled tokens; never the prompt's last token), by a whole `chunk` where chunks share prefill
+        passes (waiting for the chunk splits the pass: a chat template's few shared first tokens are not
+        worth that). With recurrent state what it can hand over now does not count: the copy may need
+        the state the chunk saves (`resumable`)."""
         now = max(holds, self.reusable(slot, prompt)) if self.engine.rewindable else holds
-        wanted = self._whole(now) + self._grain()  # the shortest prefix longer than `now` reuse would take
+        step = self.chunk if self.engine.packs_prefill(len(chunk)) else self._grain()
+        wanted = now // step * step + step  # the shortest prefix longer than `now` worth waiting for
         tokens = self.tokens[slot]
         fresh_after = len(tokens) + len(chunk)
         if not self.engine.invariant_prefill:
