@@ -81,6 +81,8 @@ def test_prefill_hands_every_chunk_that_fits_to_the_graphs_padded(tmp_path):
 def test_prefill_without_graphs_needs_no_bucket(tmp_path):
     engine = Engine(write_tiny_model(tmp_path / "tiny.gguf"), context=64, batch_size=32)
     assert engine.prefill_graphs is None and engine._replay_size(13, 42) is None
+    # the prefill layers' attention kernel, reported beside the other routes (the CPU's: the torch reference)
+    assert engine.model.routes()["attention_prefill"] == "torch:torch-sdpa-masked"
     engine.prepare_prefill(512)  # nothing to capture on the CPU
 
 

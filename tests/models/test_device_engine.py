@@ -168,6 +168,7 @@ def test_tiled_prefill_gives_a_token_its_numbers_whatever_its_chunk(synth_model)
     tiles = RunOptions(device="cuda", kernels=KernelOptions(prefill_products="tiles"))
     whole = Engine(synth_model, options=tiles, context=512, n_slots=2, batch_size=256)
     assert whole.tiled_prefill and whole.chunk_invariant_prefill and not whole.invariant_prefill
+    assert whole.model.routes()["attention_prefill"] == "cuda:triton-attention-prefill-tiles"
     prompt = [1 + (13 * i) % 500 for i in range(300)]
     want = whole.prefill(prompt, all_logits=True)
     chunked = Engine(synth_model, options=tiles, context=512, n_slots=2, batch_size=256)

@@ -597,6 +597,10 @@ class DecoderModel:
         """Which kernel ran each op (per linear block format), as `backend:kernel`, for reports."""
         found: dict[str, str] = {"rms_norm": f"{self.output_norm.route}:{self.output_norm.kernel.name}"}
         found["decode_layer"] = self.decode_route.name
+        attention = next((layer.attn for layer in self.layers if isinstance(layer.attn, SelfAttention)), None)
+        if attention is not None:  # the prompts' attention (`--prefill-products` picks it on a GPU)
+            kernels = attention.kernels
+            found["attention_prefill"] = f"{kernels.prefill_route}:{kernels.prefill.name}"
         for obj in self._linears():
             found.setdefault(f"linear.{obj.qtype.name}", f"{obj.route}:{obj.kernel.name}")
         return found

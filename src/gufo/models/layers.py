@@ -305,16 +305,17 @@ class DevicePosition:
 
 @dataclass(frozen=True)
 class AttentionKernels:
-    """A backend's "attention_prefill" and "attention_decode" kernels, resolved once per layer."""
+    """A backend's "attention_prefill" and "attention_decode" kernels, resolved once per layer, and the
+    backend the prefill kernel was found on (the torch reference where the backend has none: reports)."""
 
     prefill: AttentionPrefillKernel
     decode: AttentionDecodeKernel
+    prefill_route: str
 
     @classmethod
     def of(cls, backend: str) -> AttentionKernels:
-        return cls(
-            registry.lookup(backend, ATTENTION_PREFILL)[1], registry.lookup(backend, ATTENTION_DECODE)[1]
-        )
+        prefill_route, prefill = registry.lookup(backend, ATTENTION_PREFILL)
+        return cls(prefill, registry.lookup(backend, ATTENTION_DECODE)[1], prefill_route)
 
 
 def attention(
