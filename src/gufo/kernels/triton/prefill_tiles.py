@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gufo.kernels.triton.shared_memory import fitting_stages
+
 # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, splits of K: one launch for every product
 TILES = (128, 256, 64, 8, 3, 1)
 GROUP_M = 8  # row tiles per group of programs sharing weight tiles
@@ -79,6 +81,8 @@ def product(
     m, k = x.shape
     n = w.shape[0]
     block_m, block_n, block_k, warps, stages, splits = tiles
+    # each stage holds an x block and a w block
+    stages = fitting_stages(x.device, stages, 0, (block_m + block_n) * block_k * x.element_size())
     # whole BLOCK_K steps per split: its ranges depend on K and the split count alone
     k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     out = torch.empty(m, n, dtype=torch.float32, device=x.device)
