@@ -25,8 +25,8 @@ import triton.language as tl
 from gufo.kernels.attention import FusedAttentionPrefill
 from gufo.kernels.contracts import ATTENTION_PREFILL, AttentionPrefillKernel
 from gufo.kernels.registry import Registration
+from gufo.kernels.triton import shared_memory
 from gufo.kernels.triton.checks import check_device, check_dims, check_dtype, check_size
-from gufo.kernels.triton.shared_memory import fitting_stages
 from gufo.options import KernelOptions
 
 
@@ -154,16 +154,14 @@ class TritonAttentionPrefill(AttentionPrefillKernel):
         out = torch.empty(n_tokens, n_heads * value_dim, dtype=q.dtype, device=q.device)
         block_m, block_n, warps, stages = tiles or tiles_for(max(key_dim, value_dim))
         block_dk, block_dv = triton.next_power_of_2(key_dim), triton.next_power_of_2(value_dim)
-        # the query tile, then a key block and a value block a stage (float16)
-        stages = fitting_stages(q.device, stages, block_m * block_dk * 2, block_n * (block_dk + block_dv) * 2)
         if n_tokens:
             grid = (n_heads, triton.cdiv(n_tokens, block_m))
-            attention_prefill_tiles[grid](
-                q, keys, values, out, n_tokens, first, first + span, window or 0, scale * math.log2(math.e),
-                q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
-                values.stride(1), n_heads, n_heads // n_kv, key_dim, value_dim, BLOCK_M=block_m,
-                BLOCK_N=block_n, BLOCK_DK=block_dk, BLOCK_DV=block_dv, WINDOWED=window is not None,
-                num_warps=warps, num_stages=stages,
+            shared_memory.launch(
+                attention_prefill_tiles, grid, q, keys, values, out, n_tokens, first, first + span,
+                window or 0, scale * math.log2(math.e), q.stride(0), q.stride(1), keys.stride(0),
+                keys.stride(1), values.stride(0), values.stride(1), n_heads, n_heads // n_kv, key_dim,
+                value_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_DK=block_dk, BLOCK_DV=block_dv,
+                WINDOWED=window is not None, num_warps=warps, num_stages=stages,
             )  # fmt: skip
         return out
 

@@ -21,6 +21,7 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from gufo.kernels.expert_groups import ExpertGroups
+from gufo.kernels.triton import shared_memory
 from gufo.kernels.triton.gemv_kernels import (
     FORMATS,
     _q4_0_tiles,
@@ -39,6 +40,7 @@ Q = GGMLQuantizationType
 # (`gufo kernels own --target sm_90`; 32 rows on 4 warps spilled for Q4_0 and Q5_0). On gfx1151 most of
 # these tiles spilled, so ROCm does not take them.
 TILES = {16: (64, 4), 32: (64, 8), 64: (64, 4)}  # keys: expert_groups.TILE_ROWS
+STAGES = 3  # Triton's default for NVIDIA, where these tiles were chosen (fewer where they do not fit)
 MAX_TILES = 65535  # grid axis 2
 
 
@@ -179,8 +181,9 @@ def grouped_product(
     block_n, warps = TILES[groups.block_m]
     sizes = [rows * plane.shape[1] for plane in matrices.planes]  # elements of each expert per plane
     grid = (triton.cdiv(rows, block_n), 1, n_tiles)
-    KERNELS[matrices.qtype][grid](
-        x, *matrices.planes, out, groups.tiles, rows, k, x.stride(0), triton.cdiv(k, step), *sizes,
-        BLOCK_M=groups.block_m, BLOCK_N=block_n, STEP=step, num_warps=warps,
+    shared_memory.launch(
+        KERNELS[matrices.qtype], grid, x, *matrices.planes, out, groups.tiles, rows, k, x.stride(0),
+        triton.cdiv(k, step), *sizes, BLOCK_M=groups.block_m, BLOCK_N=block_n, STEP=step, num_warps=warps,
+        num_stages=STAGES,
     )  # fmt: skip
     return out

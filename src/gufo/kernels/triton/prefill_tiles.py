@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gufo.kernels.triton.shared_memory import fitting_stages
+from gufo.kernels.triton import shared_memory
 
 # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, splits of K: one launch for every product
 TILES = (128, 256, 64, 8, 3, 1)
@@ -81,17 +81,16 @@ def product(
     m, k = x.shape
     n = w.shape[0]
     block_m, block_n, block_k, warps, stages, splits = tiles
-    # each stage holds an x block and a w block
-    stages = fitting_stages(x.device, stages, 0, (block_m + block_n) * block_k * x.element_size())
     # whole BLOCK_K steps per split: its ranges depend on K and the split count alone
     k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     out = torch.empty(m, n, dtype=torch.float32, device=x.device)
     partial = out if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     if m and n:
         grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), splits)
-        dense_tiles[grid](
-            x, w, partial, m, n, k, x.stride(0), w.stride(0), n, m * n, k_per_split, BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages,
+        shared_memory.launch(
+            dense_tiles, grid, x, w, partial, m, n, k, x.stride(0), w.stride(0), n, m * n, k_per_split,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, num_warps=warps,
+            num_stages=stages,
         )  # fmt: skip
         if splits > 1:
             tile_split_sums[(triton.cdiv(m * n, SUM_BLOCK),)](
