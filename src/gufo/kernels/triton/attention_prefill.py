@@ -9,9 +9,10 @@ sum and weighted values in float32, both products on float16 tensor-core operand
 same blocks in the same order whatever its tile: a block of which a row sees no entry leaves the row's
 running values as they were, bit for bit (rescaled by exactly 1, added exact zeros), so the blocks a
 tile runs past a row's own position, or before the row's window, change none of its numbers; and a
-tensor-core product gives each row its own dot products. torch's flash kernels cut the keys by the
-launch (split-KV by the number of queries), so a row's numbers moved with the chunk it came in
-(docs/decisions.md, "Chunk-invariant GPU prefill").
+tensor-core product gives each row its own dot products. torch's SDPA promises nothing of the kind: it
+picks its kernel by the shapes, and its flash kernel walks a query tile's key blocks from the tile's
+last one down and may split the keys by the launch's shape, so a row's order of additions can move with
+the chunk it came in (docs/decisions.md, "Chunk-invariant GPU prefill").
 """
 
 from __future__ import annotations
