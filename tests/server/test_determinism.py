@@ -61,7 +61,14 @@ def completion(
 
 
 def test_greedy_text_is_a_function_of_the_request_alone(served):
-    model, live, prompt = served
+    check_greedy_text_is_a_function_of_the_request_alone(*served)
+
+
+def check_greedy_text_is_a_function_of_the_request_alone(
+    model: str, live, prompt: list[int], real_text: bool = True
+) -> None:
+    """`real_text`: a real model's, whose replies are checked to be full length too (a random one's may
+    end at once: an end-of-generation token is as likely as any)."""
     assert len(prompt) >= 100
     outputs = {}
     # A request that shares the first SHARED tokens (it only needs its prompt prefilled), then the
@@ -84,9 +91,10 @@ def test_greedy_text_is_a_function_of_the_request_alone(served):
         running = [pool.submit(completion, live, model, p, False, tokens=OTHER_TOKENS) for p in others]
         target = pool.submit(completion, live, model, prompt, False)
         outputs["among 8 concurrent"], _ = target.result()
-        assert all(r.result()[0] for r in running)
+        texts = [r.result()[0] for r in running]
     reference = outputs["alone, whole prompt prefilled"]
-    assert len(reference) > 100  # 64 tokens of text, not an early end
+    if real_text:
+        assert all(texts) and len(reference) > 100  # 64 tokens of text, not an early end
     assert {k: v for k, v in outputs.items() if v != reference} == {}
 
 
@@ -132,3 +140,38 @@ def test_requests_sharing_a_long_prefix_copy_it_and_keep_their_greedy_text(serve
     alone, cached_alone = completion(live, model, prompts[0], cache_prompt=False)
     assert cached_alone == 0 and len(alone) > 100
     assert results[0][0] == alone
+
+
+@pytest.mark.gpu
+def test_gpu_greedy_text_on_the_tiles_is_a_function_of_the_request_alone(tmp_path_factory):
+    """The same on a GPU whose prompts run on the fixed tiles (`--prefill-products tiles`, chunk-invariant
+    prefill): the target reuses exactly the SHARED prefilled tokens another request left (no chunk
+    boundary there) and all but its last token later, and its text is the same every way. A `gufo synth`
+    qwen3 file (4 layers of Qwen3-0.6B's shapes, the test vocabulary's tokens): its random weights give
+    text that is noise, the same noise every way."""
+    import os
+
+    import torch
+
+    from gufo.options import KernelOptions
+    from gufo.tools.synth.presets import find_preset
+    from gufo.tools.synth.type_mix import find_mix
+    from gufo.tools.synth.writer import plan_qwen3, write_synth
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    vocab = open_model_file(resolve_model(os.environ.get("GUFO_TEST_VOCAB", "smollm2-135m")))
+    plan = plan_qwen3("0.6b", find_preset("qwen3", "0.6b").with_layers(4), find_mix("Q8_0"), vocab)
+    path = tmp_path_factory.mktemp("synth") / "qwen3-q8_0.gguf"
+    write_synth(plan, path)
+    tiles = RunOptions(device="cuda", kernels=KernelOptions(prefill_products="tiles"))
+
+    def load() -> Engine:
+        engine = Engine(path, options=tiles, context=512, n_slots=SESSIONS)
+        assert engine.tiled_prefill
+        return engine
+
+    tokenizer = Tokenizer.from_gguf(open_model_file(path).metadata)
+    prompt = tokenizer.encode(TEXT, add_special=True, parse_special=False)
+    with live_server(ServerSettings(str(path), max_tokens=MAX_TOKENS, max_pending=SESSIONS), load) as live:
+        check_greedy_text_is_a_function_of_the_request_alone(str(path), live, prompt, real_text=False)
