@@ -11,7 +11,9 @@ import pytest
 import torch
 from triton_interpreter import interpreter_tests
 
+from gufo.kernels import registry
 from gufo.kernels.attention import FusedAttentionPrefill
+from gufo.kernels.catalog import register_all
 from gufo.kernels.contracts import ATTENTION_PREFILL
 from gufo.options import KernelOptions
 
@@ -111,12 +113,14 @@ test_kernel_in_interpreter = interpreter_tests(interpreter_cases, __file__)
 
 def test_registered_with_the_tile_products_only():
     """The tiles attend where the products are the fixed tiles (`--prefill-products tiles`: what packs and
-    caches prompts at any boundary); else torch's flash kernel."""
-    (tiles,) = attention_prefill.registrations(KernelOptions(prefill_products="tiles"))
-    (cublas,) = attention_prefill.registrations(KernelOptions())
-    assert tiles.op == cublas.op == ATTENTION_PREFILL
-    assert isinstance(tiles.kernel, TritonAttentionPrefill) and tiles.kernel.chunk_invariant
-    assert isinstance(cublas.kernel, FusedAttentionPrefill) and not cublas.kernel.chunk_invariant
+    caches prompts at any boundary); else torch's flash kernel, also after the tiles were registered."""
+    for options, kind, invariant in (
+        (KernelOptions(prefill_products="tiles"), TritonAttentionPrefill, True),
+        (KernelOptions(), FusedAttentionPrefill, False),
+    ):
+        register_all("cuda", options)
+        route, kernel = registry.lookup("cuda", ATTENTION_PREFILL)
+        assert route == "cuda" and isinstance(kernel, kind) and kernel.chunk_invariant == invariant
 
 
 def test_tiles_by_head_width():

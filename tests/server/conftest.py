@@ -137,11 +137,11 @@ class PageAccounting:
     def release_pages(self, slot: int, length: int) -> None:
         self.cache.release(slot, length)
 
+    chunk_invariant = False  # a stand-in for the GPU's tiles: prefilled tokens reusable at any length
+
     @property
     def chunk_invariant_prefill(self) -> bool:
-        """Where the stand-in sets `chunk_invariant`: any prefix of prefilled tokens is reusable, decoded
-        ones never (the GPU's tiles); else what its `invariant_prefill` says."""
-        return getattr(self, "chunk_invariant", False) or self.invariant_prefill
+        return self.chunk_invariant or self.invariant_prefill
 
     def packs_prefill(self, n_tokens: int) -> bool:
         return False  # one prefill per chunk, as Engine.prefill_parts runs chunks that cannot share a pass

@@ -146,5 +146,4 @@ def _sdpa(
 KERNELS = (
     Registration(REFERENCE_BACKEND, ATTENTION_DECODE, ReferenceAttentionDecode()),
     Registration(REFERENCE_BACKEND, ATTENTION_PREFILL, ReferenceAttentionPrefill()),
-    Registration("cuda", ATTENTION_PREFILL, FusedAttentionPrefill()),
-)
+)  # "cuda"'s attention_prefill (this flash kernel or the tiles) is registered by the Triton catalog
